@@ -1,0 +1,69 @@
+"""Host-side token selection from raw (un-capped) graph logits.
+
+Greedy takes argmax of the raw logits: the soft-cap is monotone, so the choice is the same. Sampling
+and logprobs need the capped values, computed here in fp32 (`cap * tanh(z / cap)`): in bf16 the cap
+creates ties near +-cap. Temperature, then top-k, then top-p, then a draw from a seeded generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from neuron_workers.errors import UserError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 -> greedy
+    top_k: int = 0  # 0 -> off
+    top_p: float = 1.0  # 1 -> off
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
+                            param="max_tokens")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise UserError(f"temperature must be in [0, 2], got {self.temperature}", param="temperature")
+        if self.top_k < 0:
+            raise UserError(f"top_k must be >= 0, got {self.top_k}", param="top_k")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    logits = logits.float()
+    return logits if not cap else cap * torch.tanh(logits / cap)
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    return g
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None,
+           generator: torch.Generator | None) -> int:
+    """One token id from logits [vocab] (raw, as the graph returns them)."""
+    if params.greedy:
+        return int(torch.argmax(logits).item())
+    z = soft_cap(logits, cap) / params.temperature
+    if params.top_k and params.top_k < z.shape[-1]:
+        z, idx = torch.topk(z, params.top_k)
+    else:
+        z, idx = torch.sort(z, descending=True) if params.top_p < 1.0 else (z, None)
+    probs = torch.softmax(z, dim=-1)
+    if params.top_p < 1.0:
+        keep = torch.cumsum(probs, -1) - probs < params.top_p  # always keeps the top token
+        probs = torch.where(keep, probs, 0.0)
+    choice = int(torch.multinomial(probs, 1, generator=generator).item())
+    return int(idx[choice].item()) if idx is not None else choice
