@@ -101,8 +101,11 @@ def _index_weights(model_dir: Path) -> dict[str, Path]:
         raise UserError(f"no *.safetensors weights in {model_dir}")
     out = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            out.update({k: f for k in sf.keys()})
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                out.update({k: f for k in sf.keys()})
+        except Exception as e:  # safetensors raises its own SafetensorError on a corrupt header
+            raise UserError(f"cannot read weights file {f}: {e}") from None
     return out
 
 

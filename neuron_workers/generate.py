@@ -1,0 +1,106 @@
+"""Command-line generation on one checkpoint:
+
+    python -m neuron_workers.generate --model DIR (--prompt TEXT | --prompt-ids 5,6,7) --max-new-tokens N
+        [--temperature T --top-k K --top-p P --seed S] [--chat] [--json] [--backend cpu] [--tp 2]
+
+Streams text to stdout as it is generated, or prints one JSON object with `--json`
+(`token_ids`: the generated ids only, `text`, `finish_reason`, timing). A user mistake prints one
+`error:` line on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from neuron_workers.errors import UserError
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m neuron_workers.generate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs the checkpoint's tokenizer)")
+    src.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, e.g. 2,105,9")
+    ap.add_argument("--chat", action="store_true", help="wrap --prompt as a user turn with the chat template")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = off")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence ids")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    ap.add_argument("--max-context", type=int, help="KV-cache length (default: min(model, 1024))")
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    ap.add_argument("--exported", action="store_true", help="cpu: run strict torch.export programs")
+    ap.add_argument("--artifacts", help="compiled graphs from `python -m compile build`")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    return ap.parse_args(argv)
+
+
+def run(args) -> dict:
+    from neuron_workers.sampling import SamplingParams
+    from neuron_workers.worker import WorkerConfig, build_engine
+
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    engine = build_engine(WorkerConfig(model=args.model, backend=args.backend, tp=args.tp,
+                                       max_context=args.max_context, dtype=args.dtype, exported=args.exported,
+                                       artifacts=args.artifacts))
+    try:
+        if args.prompt is not None:
+            ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat \
+                else engine.encode(args.prompt)
+        else:
+            ids = args.prompt_ids
+        return _generate(engine, ids, params, stream=not args.json)
+    finally:
+        engine.backend.close()
+
+
+def _generate(engine, ids, params, stream: bool) -> dict:
+    start = time.perf_counter()
+    tokens, text, first, finish = [], [], None, None
+    for ev in engine.generate(ids, params):
+        first = first or time.perf_counter()
+        tokens.append(ev.token_id)
+        text.append(ev.text)
+        finish = ev.finish_reason
+        if stream and ev.text:
+            print(ev.text, end="", flush=True)
+    end = time.perf_counter()
+    if stream:
+        print()
+    decode_s = end - first
+    return {"prompt_ids": ids, "token_ids": tokens, "text": "".join(text) if engine.tokenizer else None,
+            "finish_reason": finish, "ttft_s": round(first - start, 4),
+            "decode_tokens_per_s": round((len(tokens) - 1) / decode_s, 2) if len(tokens) > 1 and decode_s else None}
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        out = run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # unreadable files surface here
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

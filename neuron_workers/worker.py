@@ -1,0 +1,65 @@
+"""Build a ready Engine from a checkpoint directory and backend settings: the one entry point that the
+CLI, the Ray Serve replica and the benchmarks share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_workers.engine import Engine
+from neuron_workers.errors import UserError
+from neuron_workers.host_inputs import default_buckets
+from neuron_workers.loader import DTYPES, load_model
+
+DEFAULT_CPU_CONTEXT = 1024
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: str
+    backend: str = "cpu"
+    tp: int = 1
+    max_context: int | None = None
+    prefill_buckets: tuple[int, ...] | None = None
+    dtype: str = "float32"
+    exported: bool = False  # cpu: run strict torch.export programs instead of eager modules
+    artifacts: str | None = None  # compiled graphs (compile build --out); required by the neuron backend
+
+
+def resolve_context(max_context: int | None, max_positions: int) -> int:
+    ctx = max_context or min(max_positions, DEFAULT_CPU_CONTEXT)
+    if not 1 < ctx <= max_positions:
+        raise UserError(f"max_context must be in [2, {max_positions}] for this model, got {ctx}")
+    return ctx
+
+
+def build_engine(cfg: WorkerConfig) -> Engine:
+    if cfg.dtype not in DTYPES:
+        raise UserError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
+    if cfg.artifacts:
+        from compile.artifacts import load_engine_from_artifacts
+
+        return load_engine_from_artifacts(cfg)
+    if cfg.backend != "cpu":
+        raise UserError(f"the {cfg.backend} backend runs compiled artifacts: pass --artifacts DIR "
+                        f"(made by `python -m compile build --backend {cfg.backend}`)")
+    model = load_model(cfg.model, DTYPES[cfg.dtype])
+    ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
+    buckets = _buckets(cfg.prefill_buckets, ctx)
+    if cfg.tp > 1:
+        from neuron_workers.backends.cpu_tp import TpCpuBackend
+
+        backend = TpCpuBackend(cfg.model, model.dims, cfg.tp, ctx, buckets, DTYPES[cfg.dtype], cfg.exported)
+    else:
+        from neuron_workers.backends.cpu import CpuBackend
+
+        backend = CpuBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.exported)
+    return Engine(model, backend)
+
+
+def _buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:
+    if not buckets:
+        return default_buckets(ctx)
+    bad = [b for b in buckets if not 0 < b <= ctx]
+    if bad:
+        raise UserError(f"prefill buckets must be in [1, {ctx}] (the max context); got {bad}")
+    return tuple(sorted(set(buckets)))

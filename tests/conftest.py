@@ -1,0 +1,39 @@
+"""Shared fixtures: the tiny checkpoints (written once per session) and transformers' own models on them."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+from neuron_workers.tiny import TINY, ensure_tiny
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+NAMES = tuple(TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    return ensure_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+def hf_reference(model_dir, dtype=torch.float32):
+    """transformers' multimodal class loading the checkpoint itself: the independent reference."""
+    import transformers as tf
+
+    from neuron_workers.checkpoint import read_checkpoint_info
+
+    cls = {"gemma4": tf.Gemma4ForConditionalGeneration,
+           "gemma4_unified": tf.Gemma4UnifiedForConditionalGeneration}[read_checkpoint_info(model_dir).model_type]
+    model = cls.from_pretrained(str(model_dir), attn_implementation="eager", dtype=dtype).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    return out[0, len(ids):].tolist()

@@ -1,0 +1,166 @@
+"""Engine loop, sampling and host-input bookkeeping, against a scripted fake backend (no model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_workers.detok import IncrementalDetokenizer
+from neuron_workers.engine import Engine
+from neuron_workers.errors import ContextLengthError, UserError
+from neuron_workers.host_inputs import choose_bucket, default_buckets, prefill_masks, ring_index
+from neuron_workers.sampling import SamplingParams, sample, soft_cap
+
+VOCAB = 64
+
+
+class FakeBackend:
+    """Logits that favour `script[i]` at step i; records the positions it was asked to decode."""
+
+    def __init__(self, script, max_context=32, buckets=(8, 32)):
+        self.script, self.max_context, self.buckets = list(script), max_context, buckets
+        self.calls, self.positions = [], []
+
+    def spec(self, phase, bucket=1):
+        from neuron_workers.spec import make_spec
+
+        return make_spec(FakeDims, phase, 1, bucket, self.max_context)
+
+    def _logits(self):
+        z = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(len(self.calls)))
+        z[0, self.script[min(len(self.calls), len(self.script) - 1)]] += 20
+        self.calls.append(len(self.calls))
+        return z
+
+    def prefill(self, bucket, inputs):
+        self.bucket = bucket
+        return self._logits()
+
+    def decode(self, inputs):
+        self.positions.append(int(inputs[1][0, 0]))
+        return self._logits()
+
+    def close(self):
+        pass
+
+
+class FakeDims:
+    vocab_size, num_layers, ple_dim, sliding_window = VOCAB, 1, 0, 4
+    final_logit_softcapping, kv_layers, layer_types = 30.0, (), ("sliding_attention",)
+
+    @staticmethod
+    def ring_size(max_context):
+        return min(4, max_context)
+
+
+class FakeModel:
+    dims, ple, tokenizer, eos_token_ids = FakeDims, None, None, (1,)
+
+    class info:
+        model_dir = "fake"
+
+
+def run(script, n=10, **kw):
+    backend = FakeBackend(script)
+    events = list(Engine(FakeModel, backend).generate([5, 6, 7], SamplingParams(max_new_tokens=n, **kw)))
+    return [e.token_id for e in events], events, backend
+
+
+def test_greedy_follows_logits_and_stops_at_eos():
+    ids, events, backend = run([9, 8, 1, 7])
+    assert ids == [9, 8, 1] and events[-1].finish_reason == "stop"
+    assert backend.positions == [3, 4]  # decode positions continue after the 3-token prompt
+    assert backend.bucket == 8
+
+
+def test_max_tokens_and_ignore_eos():
+    ids, events, _ = run([9, 1, 1, 1], n=3, ignore_eos=True)
+    assert ids == [9, 1, 1] and events[-1].finish_reason == "length"
+    assert [e.finish_reason for e in events[:-1]] == [None, None]
+
+
+def test_stop_token_ids():
+    ids, events, _ = run([9, 8, 7, 6], stop_token_ids=(7,))
+    assert ids == [9, 8, 7] and events[-1].finish_reason == "stop"
+
+
+def test_same_seed_same_samples_and_temperature_zero_is_greedy():
+    a = sample_seq(seed=11)
+    assert a == sample_seq(seed=11)
+    assert a != sample_seq(seed=12)
+    logits = torch.randn(VOCAB)
+    assert sample(logits, SamplingParams(temperature=0.0), 30.0, None) == int(logits.argmax())
+
+
+def sample_seq(seed, n=30):
+    from neuron_workers.sampling import make_generator
+
+    g = make_generator(seed)
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=1.0, top_k=20, top_p=0.9)
+    return [sample(logits, params, 30.0, g) for _ in range(n)]
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    logits = torch.randn(VOCAB)
+    g = torch.Generator().manual_seed(0)
+    assert sample(logits, SamplingParams(temperature=1.0, top_k=1), 30.0, g) == int(logits.argmax())
+    assert sample(logits, SamplingParams(temperature=1.0, top_p=1e-6), 30.0, g) == int(logits.argmax())
+
+
+def test_soft_cap_fp32_and_monotone():
+    z = torch.tensor([-200.0, -1.0, 0.0, 1.0, 200.0], dtype=torch.bfloat16)
+    capped = soft_cap(z, 30.0)
+    assert capped.dtype == torch.float32 and capped.abs().max() <= 30.0
+    assert torch.all(capped[1:] > capped[:-1])
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-1), dict(temperature=3), dict(top_p=0), dict(top_k=-2),
+                                dict(max_new_tokens=0)])
+def test_bad_sampling_params(kw):
+    with pytest.raises(UserError):
+        SamplingParams(**kw)
+
+
+def test_prompt_over_context_is_a_clear_error():
+    backend = FakeBackend([9])
+    eng = Engine(FakeModel, backend)
+    with pytest.raises(ContextLengthError, match="context is 32"):
+        list(eng.generate(list(range(2, 30)), SamplingParams(max_new_tokens=8)))
+    with pytest.raises(UserError, match="token ids"):
+        list(eng.generate([2, 999], SamplingParams(max_new_tokens=2)))
+    assert backend.calls == []
+
+
+def test_buckets():
+    assert default_buckets(256) == (32, 64, 128, 256)
+    assert default_buckets(100) == (32, 64, 100)
+    assert choose_bucket(33, (32, 64)) == 64 and choose_bucket(32, (32, 64)) == 32
+    with pytest.raises(ContextLengthError):
+        choose_bucket(65, (32, 64))
+
+
+def test_ring_index_takes_last_position_per_slot():
+    assert ring_index(3, 8).tolist() == [0, 1, 2, 0, 0, 0, 0, 0]
+    assert ring_index(13, 8).tolist() == [8, 9, 10, 11, 12, 5, 6, 7]
+    assert ring_index(16, 8).tolist() == list(range(8, 16))
+
+
+def test_prefill_masks_window_and_padding():
+    full, sliding = prefill_masks(5, 8, 3, torch.float32)
+    ok_full, ok_sl = full[0, 0] == 0, sliding[0, 0] == 0
+    assert ok_full[4].tolist() == [True] * 5 + [False] * 3  # last real row sees all 5 real keys
+    assert ok_sl[4].tolist() == [False, False, True, True, True, False, False, False]  # (q-3, q]
+    assert not ok_full[2, 3]  # causal
+    assert torch.isfinite(full).all()  # finfo.min, never -inf
+
+
+def test_incremental_detokenizer_equals_full_decode(tiny_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["gemma4-e2b-tiny"]))
+    ids = tok("Hello, wörld! ✓ The capital of France is Paris.", add_special_tokens=False)["input_ids"]
+    d = IncrementalDetokenizer(tok)
+    pieces = [d.push(i) for i in ids]
+    assert "".join(pieces) + d.flush() == tok.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in p for p in pieces)
