@@ -76,7 +76,6 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
         text_config = config_cls(**text_dict)
     except (TypeError, ValueError) as e:
         raise UserError(f"cannot read the text config of {model_dir}: {e}") from None
-    text_config._attn_implementation = "eager"
     return CheckpointInfo(model_dir, model_type, text_config, prefix,
                           _eos_ids(model_dir, raw, text_dict), _index_weights(model_dir))
 
@@ -130,6 +129,9 @@ def build_text_model(info: CheckpointInfo, dtype: torch.dtype = torch.float32):
     if hasattr(model.model, "embed_tokens_per_layer"):
         model.model.embed_tokens_per_layer = None  # stays on the host: neuron_workers.ple
     _materialize_buffers(model, info.text_config)
+    from neuron_workers.attention import NAME
+
+    model.config._attn_implementation = NAME  # GQA without repeat_kv copies; same math as eager
     return model.eval()
 
 

@@ -42,7 +42,8 @@ def parse_args(argv):
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     ap.add_argument("--max-context", type=int, help="KV-cache length (default: min(model, 1024))")
     ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")
-    ap.add_argument("--exported", action="store_true", help="cpu: run strict torch.export programs")
+    ap.add_argument("--cpu-mode", default="eager", choices=["eager", "export", "inductor"],
+                    help="cpu backend: eager modules, strict torch.export programs, or torch.compile")
     ap.add_argument("--artifacts", help="compiled graphs from `python -m compile build`")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     return ap.parse_args(argv)
@@ -55,7 +56,7 @@ def run(args) -> dict:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     engine = build_engine(WorkerConfig(model=args.model, backend=args.backend, tp=args.tp,
-                                       max_context=args.max_context, dtype=args.dtype, exported=args.exported,
+                                       max_context=args.max_context, dtype=args.dtype, cpu_mode=args.cpu_mode,
                                        artifacts=args.artifacts))
     try:
         if args.prompt is not None:

@@ -84,14 +84,18 @@ def checkpoint_tensors(model, text: dict, gen: torch.Generator) -> dict[str, tor
 
 
 def write_tiny(out_dir: Path, name: str, seed: int = 0) -> Path:
+    model_type, text = TINY[name]
+    return write_checkpoint(Path(out_dir) / name, model_type, text, seed)
+
+
+def write_checkpoint(path: Path, model_type: str, text: dict, seed: int = 0) -> Path:
+    """A random-weight checkpoint of any Gemma-4 text config, in the multimodal on-disk layout."""
     from safetensors.torch import save_file
 
-    model_type, text = TINY[name]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = multimodal_model(model_type, text)
     randomize(model, gen)
-    path = out_dir / name
     path.mkdir(parents=True, exist_ok=True)
     save_file(checkpoint_tensors(model, text, gen), str(path / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()

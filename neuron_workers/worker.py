@@ -21,7 +21,7 @@ class WorkerConfig:
     max_context: int | None = None
     prefill_buckets: tuple[int, ...] | None = None
     dtype: str = "float32"
-    exported: bool = False  # cpu: run strict torch.export programs instead of eager modules
+    cpu_mode: str = "eager"  # cpu backend: eager | export | inductor (see backends/cpu.py)
     artifacts: str | None = None  # compiled graphs (compile build --out); required by the neuron backend
 
 
@@ -33,6 +33,10 @@ def resolve_context(max_context: int | None, max_positions: int) -> int:
 
 
 def build_engine(cfg: WorkerConfig) -> Engine:
+    from neuron_workers.backends.cpu import CPU_MODES
+
+    if cfg.cpu_mode not in CPU_MODES:
+        raise UserError(f"unknown cpu mode {cfg.cpu_mode!r}; use one of {', '.join(CPU_MODES)}")
     if cfg.dtype not in DTYPES:
         raise UserError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
     if cfg.artifacts:
@@ -48,11 +52,11 @@ def build_engine(cfg: WorkerConfig) -> Engine:
     if cfg.tp > 1:
         from neuron_workers.backends.cpu_tp import TpCpuBackend
 
-        backend = TpCpuBackend(cfg.model, model.dims, cfg.tp, ctx, buckets, DTYPES[cfg.dtype], cfg.exported)
+        backend = TpCpuBackend(cfg.model, model.dims, cfg.tp, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode)
     else:
         from neuron_workers.backends.cpu import CpuBackend
 
-        backend = CpuBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.exported)
+        backend = CpuBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode)
     return Engine(model, backend)
 
 

@@ -164,3 +164,19 @@ def test_incremental_detokenizer_equals_full_decode(tiny_dirs):
     pieces = [d.push(i) for i in ids]
     assert "".join(pieces) + d.flush() == tok.decode(ids, skip_special_tokens=True)
     assert not any("\ufffd" in p for p in pieces)
+
+
+def test_fast_argmax_and_topk_equal_torch_on_a_real_size_vocab():
+    from neuron_workers.sampling import fast_argmax, fast_topk
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(5):
+        z = torch.randn(262_144, generator=g)
+        if trial == 1:
+            z[[7, 70_000, 200_000]] = 9.0  # ties: the first index wins, as torch.argmax
+        assert fast_argmax(z) == int(torch.argmax(z))
+        vals, idx = fast_topk(z, 64)
+        ref_vals, _ = torch.topk(z, 64)
+        assert torch.equal(vals, ref_vals) and torch.equal(z[idx], vals)
+    odd = torch.randn(1000, generator=g)  # not a multiple of the row count: plain torch path
+    assert fast_argmax(odd) == int(odd.argmax())

@@ -21,7 +21,7 @@ WINDOW = 8
 
 
 def engine(model, exported: bool) -> Engine:
-    return Engine(model, CpuBackend(model.hf_lm, model.dims, 128, (32, 128), exported=exported))
+    return Engine(model, CpuBackend(model.hf_lm, model.dims, 128, (32, 128), mode="export" if exported else "eager"))
 
 
 def tokens(eng, ids, n=96):

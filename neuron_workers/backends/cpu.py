@@ -1,5 +1,11 @@
-"""CPU backend: runs the very graph modules that compile/ traces, eagerly or as strict torch.export
-programs (exported lazily, one per prefill bucket plus the decode step, on first use)."""
+"""CPU backend: runs the very graph modules that compile/ traces, in one of three modes, each graph
+prepared lazily on first use (one per prefill bucket plus the decode step):
+
+  eager     the nn.Modules as they are (the reference; fastest to start)
+  export    strict torch.export programs (what proves the graphs static)
+  inductor  torch.compile(fullgraph=True) of the same modules: the fast CPU mode (about a minute of
+            compiling per graph on first use), for benchmarks and CPU serving
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,15 @@ from neuron_workers.dims import ModelDims
 from neuron_workers.graphs import build_graph
 from neuron_workers.spec import DECODE, PREFILL, GraphSpec, make_spec
 
+CPU_MODES = ("eager", "export", "inductor")
+
 
 class CpuBackend:
     def __init__(self, hf_lm, dims: ModelDims, max_context: int, buckets: tuple[int, ...],
-                 dtype: torch.dtype = torch.float32, exported: bool = False, programs: dict | None = None):
-        self.hf_lm, self.dims, self.dtype, self.exported = hf_lm, dims, dtype, exported
+                 dtype: torch.dtype = torch.float32, mode: str = "eager", programs: dict | None = None):
+        if mode not in CPU_MODES:
+            raise ValueError(f"cpu mode must be one of {CPU_MODES}, got {mode!r}")
+        self.hf_lm, self.dims, self.dtype, self.mode = hf_lm, dims, dtype, mode
         self.max_context, self.buckets = max_context, tuple(sorted(buckets))
         self._graphs: dict[str, object] = dict(programs or {})
         self.kv = [t.zeros() for t in self.spec(DECODE).kv_inputs]
@@ -25,8 +35,10 @@ class CpuBackend:
         fn = self._graphs.get(spec.tag)
         if fn is None:
             fn = build_graph(self.hf_lm, self.dims, spec)
-            if self.exported:
+            if self.mode == "export":
                 fn = export_graph(fn, spec).module()
+            elif self.mode == "inductor":
+                fn = torch.compile(fn, dynamic=False, fullgraph=True)
             self._graphs[spec.tag] = fn
         return fn
 
