@@ -36,9 +36,8 @@ def prefill_masks(n: int, bucket: int, window: int, dtype: torch.dtype) -> tuple
     k = torch.arange(bucket)[None, :]
     causal = (k <= q) & ((k < n) | (q >= n))
     sliding = causal & (k > q - window)
-    neg = torch.finfo(dtype).min
-    as_mask = lambda ok: torch.where(ok, 0.0, neg).to(dtype)[None, None]  # noqa: E731
-    return as_mask(causal), as_mask(sliding)
+    zero, neg = torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype)
+    return torch.where(causal, zero, neg)[None, None], torch.where(sliding, zero, neg)[None, None]
 
 
 def ring_index(n: int, ring: int) -> torch.Tensor:

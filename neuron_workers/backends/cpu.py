@@ -20,16 +20,18 @@ CPU_MODES = ("eager", "export", "inductor")
 
 class CpuBackend:
     def __init__(self, hf_lm, dims: ModelDims, max_context: int, buckets: tuple[int, ...],
-                 dtype: torch.dtype = torch.float32, mode: str = "eager", programs: dict | None = None):
+                 dtype: torch.dtype = torch.float32, mode: str = "eager", programs: dict | None = None,
+                 kv_heads: tuple[int, ...] | None = None):
         if mode not in CPU_MODES:
             raise ValueError(f"cpu mode must be one of {CPU_MODES}, got {mode!r}")
         self.hf_lm, self.dims, self.dtype, self.mode = hf_lm, dims, dtype, mode
         self.max_context, self.buckets = max_context, tuple(sorted(buckets))
+        self.kv_heads = kv_heads  # a TP rank's KV heads per layer (None: unsharded)
         self._graphs: dict[str, object] = dict(programs or {})
         self.kv = [t.zeros() for t in self.spec(DECODE).kv_inputs]
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
-        return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype)
+        return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype, kv_heads=self.kv_heads)
 
     def graph(self, spec: GraphSpec):
         fn = self._graphs.get(spec.tag)
@@ -46,6 +48,7 @@ class CpuBackend:
     def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
         out = self.graph(spec)(*inputs, *self.kv)
         self.kv = list(out[1:])
+        self._last_logits = out[0]
         return out[0]
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:

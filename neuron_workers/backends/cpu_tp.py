@@ -1,0 +1,113 @@
+"""Tensor-parallel CPU backend: one spawned process per rank, joined by torch.distributed (gloo).
+
+Each rank loads the checkpoint, shards it with `tp_modules.apply_tp` and keeps its own KV buffers
+(as each NeuronCore would). The driver (the engine's process) sends every rank the same host-built
+inputs and reads logits back from rank 0 (from all ranks when `all_logits`, for tests).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+from neuron_workers.spec import DECODE, GraphSpec, make_spec
+
+REPLY_TIMEOUT_S = float(os.environ.get("GEMMA4_TP_TIMEOUT_S", "600"))
+
+
+def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode, cmds, replies):
+    try:
+        import torch.distributed as dist
+
+        from neuron_workers.backends.cpu import CpuBackend
+        from neuron_workers.loader import load_model
+        from neuron_workers.shard_plan import plan_for
+        from neuron_workers.tp_modules import TorchDistCollectives, apply_tp
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=tp)
+        model = load_model(model_dir, dtype)
+        plan = plan_for(model.info.text_config, tp)
+        apply_tp(model.hf_lm, plan, rank, TorchDistCollectives(tp))
+        backend = CpuBackend(model.hf_lm, model.dims, max_context, buckets, dtype, mode, kv_heads=plan.kv_heads)
+        replies.put(("ready", rank, None))
+        while True:
+            cmd = cmds.get()
+            if cmd[0] == "close":
+                break
+            logits = backend.prefill(cmd[1], cmd[2]) if cmd[0] == "prefill" else backend.decode(cmd[2])
+            if rank == 0 or cmd[3]:
+                replies.put(("logits", rank, logits.clone()))
+        dist.destroy_process_group()
+    except Exception:  # reported to the driver, which raises it
+        replies.put(("error", rank, traceback.format_exc()))
+
+
+class TpCpuBackend:
+    def __init__(self, model_dir, dims, tp: int, max_context: int, buckets, dtype=torch.float32,
+                 mode: str = "eager", all_logits: bool = False):
+        from neuron_workers.loader import load_model
+        from neuron_workers.shard_plan import plan_for
+
+        self.dims, self.tp, self.dtype = dims, tp, dtype
+        self.max_context, self.buckets, self.all_logits = max_context, tuple(sorted(buckets)), all_logits
+        self.plan = plan_for(load_model(model_dir, dtype, with_weights=False).info.text_config, tp)
+        self.rank_logits: list[torch.Tensor] = []
+        ctx = mp.get_context("spawn")
+        self._init_file = tempfile.NamedTemporaryFile(prefix="gemma4-tp-", delete=False).name
+        os.unlink(self._init_file)
+        self.replies = ctx.Queue()
+        self.cmds = [ctx.Queue() for _ in range(tp)]
+        self.procs = [ctx.Process(target=_rank_main, daemon=True, args=(
+            r, tp, self._init_file, str(model_dir), max_context, self.buckets, dtype, mode, self.cmds[r],
+            self.replies)) for r in range(tp)]
+        for p in self.procs:
+            p.start()
+        self._collect("ready", tp)
+
+    def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
+        """The driver-side view: host inputs are the same on every rank (KV is per rank and stays there)."""
+        return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype, kv_heads=self.plan.kv_heads)
+
+    def _collect(self, kind: str, n: int) -> dict[int, object]:
+        got = {}
+        while len(got) < n:
+            try:
+                tag, rank, payload = self.replies.get(timeout=REPLY_TIMEOUT_S)
+            except queue.Empty:
+                self.close()
+                raise RuntimeError(f"tensor-parallel ranks did not answer within {REPLY_TIMEOUT_S:.0f}s") from None
+            if tag == "error":
+                self.close()
+                raise RuntimeError(f"tensor-parallel rank {rank} failed:\n{payload}")
+            got[rank] = payload
+        return got
+
+    def _run(self, phase: str, bucket: int, inputs) -> torch.Tensor:
+        for q in self.cmds:
+            q.put((phase, bucket, tuple(t.clone() for t in inputs), self.all_logits))
+        got = self._collect("logits", self.tp if self.all_logits else 1)
+        self.rank_logits = [got[r] for r in sorted(got)]
+        return got[0]
+
+    def prefill(self, bucket: int, inputs) -> torch.Tensor:
+        return self._run("prefill", bucket, inputs)
+
+    def decode(self, inputs) -> torch.Tensor:
+        return self._run(DECODE, 1, inputs)
+
+    def close(self) -> None:
+        for q, p in zip(self.cmds, self.procs):
+            if p.is_alive():
+                q.put(("close",))
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        if os.path.exists(self._init_file):
+            os.unlink(self._init_file)
