@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from neuron_workers.sampling import SamplingParams  # noqa: E402
+from neuron_workers.params import SamplingParams  # noqa: E402
 from neuron_workers.tiny import COMMON, write_checkpoint  # noqa: E402
 from neuron_workers.worker import WorkerConfig, build_engine  # noqa: E402
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from neuron_workers.engine import Engine  # noqa: E402
 from neuron_workers.ple import PleTable  # noqa: E402
-from neuron_workers.sampling import SamplingParams  # noqa: E402
+from neuron_workers.params import SamplingParams  # noqa: E402
 from neuron_workers.spec import make_spec  # noqa: E402
 
 VOCAB, LAYERS, PLE_DIM, GOAL_MS = 262_144, 35, 256, 0.5

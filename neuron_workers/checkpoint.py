@@ -35,6 +35,7 @@ class CheckpointInfo:
     prefix: str  # checkpoint key prefix of the text decoder
     eos_token_ids: tuple[int, ...]
     weight_files: dict[str, Path]  # checkpoint key -> file
+    sampling_defaults: dict  # temperature / top_k / top_p from generation_config.json (when do_sample)
 
 
 def _hf_classes(text_model_type: str):
@@ -76,8 +77,8 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
         text_config = config_cls(**text_dict)
     except (TypeError, ValueError) as e:
         raise UserError(f"cannot read the text config of {model_dir}: {e}") from None
-    return CheckpointInfo(model_dir, model_type, text_config, prefix,
-                          _eos_ids(model_dir, raw, text_dict), _index_weights(model_dir))
+    return CheckpointInfo(model_dir, model_type, text_config, prefix, _eos_ids(model_dir, raw, text_dict),
+                          _index_weights(model_dir), _sampling_defaults(model_dir))
 
 
 def _eos_ids(model_dir: Path, raw: dict, text_dict: dict) -> tuple[int, ...]:
@@ -87,6 +88,15 @@ def _eos_ids(model_dir: Path, raw: dict, text_dict: dict) -> tuple[int, ...]:
     if eos is None:
         eos = raw.get("eos_token_id", text_dict.get("eos_token_id", 1))
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def _sampling_defaults(model_dir: Path) -> dict:
+    """What generation_config.json asks for when a request leaves sampling unset (Gemma-4: T=1, k=64, p=0.95)."""
+    gen = model_dir / "generation_config.json"
+    cfg = _read_json(gen) if gen.is_file() else {}
+    if not cfg.get("do_sample"):
+        return {"temperature": 0.0}
+    return {k: cfg[k] for k in ("temperature", "top_k", "top_p") if cfg.get(k) is not None}
 
 
 def _index_weights(model_dir: Path) -> dict[str, Path]:

@@ -8,21 +8,14 @@ sequence at a time: callers serialize requests (the Ray Serve replica holds a lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
 from neuron_workers.detok import IncrementalDetokenizer
 from neuron_workers.errors import ContextLengthError, UserError
 from neuron_workers.host_inputs import DecodeInputs, choose_bucket, prefill_inputs
-from neuron_workers.sampling import SamplingParams, make_generator, sample
+from neuron_workers.params import SamplingParams, TokenEvent
+from neuron_workers.sampling import make_generator, sample
 from neuron_workers.spec import DECODE, PREFILL
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    token_id: int
-    text: str  # text this token completes ("" without a tokenizer or mid-character)
-    finish_reason: str | None  # None while generating, then "stop" or "length"
 
 
 class Engine:
@@ -31,6 +24,13 @@ class Engine:
         self.dims, self.tokenizer = model.dims, model.tokenizer
         self.max_context = backend.max_context
         self.decode_inputs = DecodeInputs(backend.spec(DECODE), model.ple)
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return dict(self.model.info.sampling_defaults)
+
+    def close(self) -> None:
+        self.backend.close()
 
     # --- prompts -------------------------------------------------------------------------------
     def _require_tokenizer(self):
@@ -55,7 +55,8 @@ class Engine:
         if n_prompt + max_new_tokens > self.max_context:
             raise ContextLengthError(
                 f"this model's context is {self.max_context} tokens; the prompt has {n_prompt} and "
-                f"{max_new_tokens} new tokens were asked for ({n_prompt + max_new_tokens} in all)")
+                f"{max_new_tokens} new tokens were asked for ({n_prompt + max_new_tokens} in all)",
+                param="max_tokens" if n_prompt < self.max_context else "prompt")
 
     # --- generation ----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:

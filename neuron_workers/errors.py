@@ -13,5 +13,5 @@ class UserError(ValueError):
 class ContextLengthError(UserError):
     """The prompt (plus the tokens asked for) does not fit the compiled context."""
 
-    def __init__(self, message: str, param: str | None = "messages"):
+    def __init__(self, message: str, param: str | None = "prompt"):
         super().__init__(message, code="context_length_exceeded", param=param)

@@ -50,7 +50,7 @@ def parse_args(argv):
 
 
 def run(args) -> dict:
-    from neuron_workers.sampling import SamplingParams
+    from neuron_workers.params import SamplingParams
     from neuron_workers.worker import WorkerConfig, build_engine
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

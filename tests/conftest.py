@@ -37,3 +37,36 @@ def hf_reference(model_dir, dtype=torch.float32):
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
     return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="session")
+def serve_url():
+    """A light local Ray cluster with 4 fake NeuronCores and Serve's HTTP proxy on a free port."""
+    import socket
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_TMPDIR", "/tmp/g4ray")
+    import ray
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=4, resources={"neuron_cores": 4}, include_dashboard=False,
+             object_store_memory=100 * 1024**2, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def deploy(app_args: dict, name: str, base: str) -> str:
+    """serve.run one app under /<name>; returns its base URL (…/<name>/v1)."""
+    from ray import serve
+
+    from serve_app.app import build_app
+    from serve_app.config import AppArgs
+
+    serve.run(build_app(AppArgs(**app_args)), name=name, route_prefix=f"/{name}")
+    return f"{base}/{name}/v1"

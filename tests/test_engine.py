@@ -9,7 +9,8 @@ from neuron_workers.detok import IncrementalDetokenizer
 from neuron_workers.engine import Engine
 from neuron_workers.errors import ContextLengthError, UserError
 from neuron_workers.host_inputs import choose_bucket, default_buckets, prefill_masks, ring_index
-from neuron_workers.sampling import SamplingParams, sample, soft_cap
+from neuron_workers.params import SamplingParams
+from neuron_workers.sampling import sample, soft_cap
 
 VOCAB = 64
 

@@ -14,7 +14,7 @@ from neuron_workers.backends.cpu import CpuBackend, export_graph
 from neuron_workers.engine import Engine
 from neuron_workers.graphs import build_graph
 from neuron_workers.loader import load_model
-from neuron_workers.sampling import SamplingParams
+from neuron_workers.params import SamplingParams
 from neuron_workers.spec import DECODE, PREFILL
 
 WINDOW = 8

@@ -17,7 +17,7 @@ from neuron_workers.engine import Engine
 from neuron_workers.errors import UserError
 from neuron_workers.generate import main
 from neuron_workers.loader import load_model
-from neuron_workers.sampling import SamplingParams
+from neuron_workers.params import SamplingParams
 from neuron_workers.shard_plan import plan_for
 from neuron_workers.tp_modules import shard_tensor
 

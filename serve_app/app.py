@@ -1,0 +1,55 @@
+"""The application builder `serve run` calls (import path `serve_app.app:build_app`, args = AppArgs).
+
+One ModelServer deployment per configured model (named `Model_<name>`), each replica asking Ray for
+`neuron_cores: tp` on the neuron backend and for nothing on cpu, plus the Router ingress.
+"""
+
+from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
+
+from serve_app.config import AppArgs, ModelSpec
+from serve_app.model_server import ModelServer
+from serve_app.router import Router
+
+ModelDeployment = serve.deployment(ModelServer)
+
+
+def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
+    res = {args.accelerator_resource: m.neuron_cores} if m.neuron_cores and args.accelerator_resource else {}
+    opts = dict(name=f"Model_{m.name}", ray_actor_options={"num_cpus": 0, "resources": res},
+                max_ongoing_requests=m.max_ongoing_requests, max_queued_requests=m.max_queued_requests,
+                graceful_shutdown_wait_loop_s=args.graceful_shutdown_wait_loop_s)
+    if m.min_replicas == m.max_replicas:
+        opts["num_replicas"] = m.max_replicas
+    else:
+        opts["autoscaling_config"] = {"min_replicas": m.min_replicas, "max_replicas": m.max_replicas,
+                                      "target_ongoing_requests": m.target_ongoing_requests}
+    return opts
+
+
+def check_accelerators(args: AppArgs) -> None:
+    """Refuse, with the numbers, a config whose replicas could never be scheduled (Ray would leave them
+    pending forever without an error)."""
+    import ray
+
+    need = sum(m.neuron_cores * max(m.min_replicas, 1) for m in args.models)
+    if not need or not args.accelerator_resource or not ray.is_initialized():
+        return
+    have = int(ray.cluster_resources().get(args.accelerator_resource, 0))
+    if have < need:
+        wants = ", ".join(f"{m.name}: {m.neuron_cores}x{max(m.min_replicas, 1)}" for m in args.models if m.neuron_cores)
+        raise ValueError(f"these models need {need} `{args.accelerator_resource}` ({wants}) but this Ray "
+                         f"cluster has {have}: run on an inf2 instance (Ray detects NeuronCores with neuron-ls) "
+                         f"or serve the CPU config, configs/local.yaml")
+
+
+def build_app(args: AppArgs) -> serve.Application:
+    args = (args if isinstance(args, AppArgs) else AppArgs(**args)).resolved()
+    if args.tiny_dir:
+        from neuron_workers.tiny import ensure_tiny
+
+        ensure_tiny(args.tiny_dir)
+    check_accelerators(args)
+    handles = {m.name: ModelDeployment.options(**deployment_options(m, args)).bind(m.model_dump())
+               for m in args.models}
+    contexts = {m.name: m.max_context for m in args.models}
+    return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(handles, contexts)

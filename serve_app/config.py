@@ -1,0 +1,78 @@
+"""Boundary configuration of the Ray Serve app, mirrored 1:1 by the `args` of configs/*.yaml.
+
+`AppArgs` is what `serve run configs/<x>.yaml` hands the builder; each `ModelSpec` becomes one
+deployment. Relative paths are resolved against `base_dir` (default: the directory `serve run` was
+started in) when the app is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+CORES_PER_TP = 1  # a rank runs on one NeuronCore
+
+
+class ModelSpec(BaseModel):
+    name: str = Field(description="Model name clients send as `model`")
+    path: str = Field(description="Hugging Face checkpoint directory (config, weights, tokenizer)")
+    backend: Literal["cpu", "neuron"] = "cpu"
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree; a replica pins tp NeuronCores")
+    max_context: int | None = Field(None, ge=2, description="KV-cache length (cpu default: min(model, 1024))")
+    prefill_buckets: list[int] | None = Field(None, description="Prompt-length buckets (default: powers of 2)")
+    dtype: str = "float32"
+    cpu_mode: Literal["eager", "export", "inductor"] = "eager"
+    artifacts: str | None = Field(None, description="Compiled graphs (`python -m compile build --out`)")
+    engine: str = Field("serve_app.engines:build_worker_engine",
+                        description="Import path of the engine factory (tests inject a fake engine)")
+    engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    max_ongoing_requests: int = Field(4, ge=1, description="Requests a replica holds at once (it runs one)")
+    max_queued_requests: int = Field(16, ge=-1, description="Waiting callers before 503; -1 = unbounded")
+
+    @property
+    def neuron_cores(self) -> int:
+        return self.tp * CORES_PER_TP if self.backend == "neuron" else 0
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.backend == "neuron" and not self.artifacts:
+            raise ValueError(f"model {self.name!r}: the neuron backend needs `artifacts` (compiled graphs)")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"model {self.name!r}: min_replicas > max_replicas")
+        return self
+
+
+class AppArgs(BaseModel):
+    models: list[ModelSpec] = Field(min_length=1)
+    accelerator_resource: str = Field(
+        "neuron_cores", description="Ray resource neuron replicas ask for; cpu replicas ask for none")
+    tiny_dir: str | None = Field(None, description="If set, write the tiny checkpoints here when missing")
+    base_dir: str | None = Field(None, description="Directory relative paths are resolved against")
+    router_max_ongoing_requests: int = 256
+    graceful_shutdown_wait_loop_s: float = 2.0
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _json_from_cli(cls, v):  # `serve run serve_app.app:build_app models='[...]'` passes a string
+        return json.loads(v) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _unique(self):
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        return self
+
+    def resolved(self) -> "AppArgs":
+        """Paths made absolute against base_dir (or the current directory)."""
+        base = Path(self.base_dir or os.getcwd())
+        fix = lambda p: None if p is None else str(p if Path(p).is_absolute() else base / p)  # noqa: E731
+        models = [m.model_copy(update={"path": fix(m.path), "artifacts": fix(m.artifacts)}) for m in self.models]
+        return self.model_copy(update={"models": models, "tiny_dir": fix(self.tiny_dir), "base_dir": str(base)})

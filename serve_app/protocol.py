@@ -1,0 +1,135 @@
+"""OpenAI-compatible request models, response bodies and the error envelope.
+
+Owns validation at the HTTP boundary (pydantic, so a wrong type or range is a 400 naming the field) and
+the JSON shapes of /v1/completions and /v1/chat/completions, streamed or not. Imports neither torch nor
+anything Neuron: the router that uses it must stay light and never touch a NeuronCore.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP = 4
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by both endpoints. Unset sampling fields take the model's generation_config."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(description="Name of a configured model (GET /v1/models)")
+    max_tokens: int | None = Field(None, ge=1, description="New tokens to generate at most")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: off (extension, as in vLLM)")
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP or any(not s for s in stops):
+            raise ValueError(f"stop takes at most {MAX_STOP} non-empty strings")
+        return stops
+
+    def sampling(self) -> dict:
+        """The sampling fields the request set (the replica fills the rest from the model's defaults)."""
+        out = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed") if getattr(self, k) is not None}
+        if out.get("top_k") == -1:
+            out["top_k"] = 0
+        return out
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "model"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def payload(self) -> dict:
+        msgs = [{"role": "assistant" if m.role == "model" else m.role, "content": m.text()} for m in self.messages]
+        return {"kind": "chat", "messages": msgs, "max_tokens": self.max_completion_tokens or self.max_tokens,
+                "stop": self.stop, "sampling": self.sampling(), "ignore_eos": self.ignore_eos}
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = Field(16, ge=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            if isinstance(v[0], str):
+                if len(v) != 1:
+                    raise ValueError("only one prompt per request is supported")
+                return v[0]
+        return v
+
+    def payload(self) -> dict:
+        return {"kind": "completion", "prompt": self.prompt, "max_tokens": self.max_tokens, "stop": self.stop,
+                "sampling": self.sampling(), "ignore_eos": self.ignore_eos}
+
+
+# --- responses --------------------------------------------------------------------------------------
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+
+
+def chat_response(rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish, "logprobs": None}],
+            "usage": usage(prompt, completion)}
+
+
+def completion_response(rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict:
+    body = completion_chunk(rid, model, text, finish)
+    body["usage"] = usage(prompt, completion)
+    return body
