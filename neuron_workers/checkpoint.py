@@ -63,10 +63,17 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
     if not (model_dir / "config.json").is_file():
         raise UserError(f"no config.json in {model_dir}: not a Hugging Face checkpoint directory")
     raw = _read_json(model_dir / "config.json")
+    model_type, prefix, text_config = text_config_from_dict(raw, model_dir / "config.json")
+    text_dict = raw.get("text_config", raw)
+    return CheckpointInfo(model_dir, model_type, text_config, prefix, _eos_ids(model_dir, raw, text_dict),
+                          _index_weights(model_dir), _sampling_defaults(model_dir))
+
+
+def text_config_from_dict(raw: dict, where) -> tuple[str, str, object]:
+    """(model_type, checkpoint key prefix, HF text config) from a config.json or text_config dict."""
     model_type = raw.get("model_type")
     if model_type not in LAYOUTS:
-        raise UserError(f"unsupported model_type {model_type!r} in {model_dir / 'config.json'}; "
-                        f"expected one of {', '.join(LAYOUTS)}")
+        raise UserError(f"unsupported model_type {model_type!r} in {where}; expected one of {', '.join(LAYOUTS)}")
     text_key, prefix, text_type = LAYOUTS[model_type]
     text_dict = dict(raw[text_key]) if text_key else dict(raw)
     if text_dict.get("enable_moe_block"):
@@ -74,11 +81,9 @@ def read_checkpoint_info(model_dir: str | Path) -> CheckpointInfo:
     text_dict.pop("model_type", None)
     config_cls, _ = _hf_classes(text_type)
     try:
-        text_config = config_cls(**text_dict)
+        return model_type, prefix, config_cls(**text_dict)
     except (TypeError, ValueError) as e:
-        raise UserError(f"cannot read the text config of {model_dir}: {e}") from None
-    return CheckpointInfo(model_dir, model_type, text_config, prefix, _eos_ids(model_dir, raw, text_dict),
-                          _index_weights(model_dir), _sampling_defaults(model_dir))
+        raise UserError(f"cannot read the text config in {where}: {e}") from None
 
 
 def _eos_ids(model_dir: Path, raw: dict, text_dict: dict) -> tuple[int, ...]:

@@ -56,14 +56,18 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
+    """The rank's first vocab row is a per-rank tensor, not a Python int: an SPMD-traced program (NxD)
+    is one graph for every rank, so the offset must arrive with the rank's weights (as NxD's SPMDRank)."""
+
     def __init__(self, weight: torch.Tensor, start: int, scale: float, coll: Collectives):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.start, self.coll = start, coll
+        self.vocab_start = nn.Parameter(torch.tensor([start], dtype=torch.int32), requires_grad=False)
+        self.coll = coll
         self.embed_scale = torch.tensor(scale)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.start
+        local = ids - self.vocab_start.to(ids.dtype)
         inside = (local >= 0) & (local < self.weight.shape[0])
         rows = nn.functional.embedding(torch.where(inside, local, 0), self.weight)
         rows = torch.where(inside[..., None], rows * self.embed_scale.to(self.weight.dtype), 0.0)

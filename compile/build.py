@@ -1,0 +1,73 @@
+"""`compile build`: one pipeline for every backend. Load the checkpoint, expand the prefill buckets and
+the decode step into graphs, hand them to the backend's builder with per-graph progress, and write the
+manifest that serving checks. The cpu backend writes strict torch.export programs (.pt2), so the whole
+pipeline (build -> manifest -> load -> generate) runs and is tested without Neuron hardware."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from compile.manifest import Manifest, config_hash, installed_versions
+from neuron_workers.errors import UserError
+from neuron_workers.loader import DTYPES, load_model
+from neuron_workers.spec import DECODE, PREFILL, make_spec
+from neuron_workers.worker import _buckets, resolve_context
+
+
+def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | None, buckets, dtype: str,
+          out_dir: str, progress=print) -> Manifest:
+    if batch != 1:
+        raise UserError("only --batch 1 is supported for now (one sequence per replica)")
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if backend == "neuron":
+        from neuron_workers.backends.neuron import require_neuron
+
+        require_neuron()  # before minutes of loading: say what to install
+    out = Path(out_dir)
+    if (out / "manifest.json").exists():
+        raise UserError(f"{out} already holds artifacts: choose another --out or remove it")
+    t0 = time.perf_counter()
+    loaded = load_model(model_dir, DTYPES[dtype])
+    ctx = resolve_context(max_context, loaded.dims.max_position_embeddings)
+    buckets = _buckets(tuple(buckets) if buckets else None, ctx)
+    progress(f"loaded {model_dir} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
+             f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode, context {ctx}, tp {tp}")
+    out.mkdir(parents=True, exist_ok=True)
+    if backend == "cpu":
+        graphs, flags = _build_cpu(loaded, tp, ctx, buckets, out, progress), {}
+    elif backend == "neuron":
+        from neuron_workers.backends.neuron_build import build_neuron
+
+        flags = build_neuron(loaded, tp, ctx, buckets, out, progress)
+        graphs = {tag: "nxd_model.pt" for tag in flags}
+    else:
+        raise UserError(f"unknown backend {backend!r}; use cpu or neuron")
+    manifest = Manifest(backend, config_hash(loaded.info.text_config), loaded.info.model_type, tp, batch, ctx,
+                        list(buckets), dtype, flags, installed_versions(backend), graphs)
+    manifest.write(out)
+    progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
+    return manifest
+
+
+def _build_cpu(loaded, tp, ctx, buckets, out: Path, progress) -> dict[str, str]:
+    import torch
+
+    from neuron_workers.backends.cpu import export_graph
+    from neuron_workers.graphs import build_graph
+
+    if tp != 1:
+        raise UserError("cpu artifacts are single-rank: build with --tp 1 (the cpu backend runs tp=2 "
+                        "directly: python -m neuron_workers.generate --tp 2)")
+    specs = [make_spec(loaded.dims, PREFILL, 1, b, ctx, loaded.dtype) for b in buckets]
+    specs.append(make_spec(loaded.dims, DECODE, 1, 1, ctx, loaded.dtype))
+    graphs = {}
+    for i, spec in enumerate(specs, 1):
+        t = time.perf_counter()
+        progress(f"[{i}/{len(specs)}] exporting {spec.tag} ...")
+        program = export_graph(build_graph(loaded.hf_lm, loaded.dims, spec), spec)
+        torch.export.save(program, str(out / f"{spec.tag}.pt2"))
+        graphs[spec.tag] = f"{spec.tag}.pt2"
+        progress(f"[{i}/{len(specs)}] {spec.tag} done in {time.perf_counter() - t:.1f}s")
+    return graphs

@@ -1,0 +1,85 @@
+"""The artifact manifest: every field that shapes a compiled graph, plus the library versions it was
+built with. Serving refuses artifacts whose manifest does not match its checkpoint config or the
+installed versions, naming the field."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from neuron_workers.errors import UserError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+VERSIONED = {"cpu": ("torch", "transformers"),
+             "neuron": ("torch", "transformers", "torch-neuronx", "neuronx-cc", "neuronx-distributed")}
+
+
+def config_hash(text_config) -> str:
+    """sha256 of the text config as HF serialises it (sorted keys), the model's shape identity."""
+    d = text_config.to_dict()
+    for k in ("transformers_version", "_name_or_path", "_attn_implementation_autoset", "dtype", "torch_dtype"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def installed_versions(backend: str) -> dict[str, str | None]:
+    out = {}
+    for pkg in VERSIONED[backend]:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class Manifest:
+    backend: str
+    config_hash: str
+    model_type: str
+    tp: int
+    batch: int
+    max_context: int
+    prefill_buckets: list[int]
+    dtype: str
+    compiler_flags: dict[str, str]
+    versions: dict[str, str | None]
+    graphs: dict[str, str] = field(default_factory=dict)  # tag -> file, relative to the artifact dir
+    format: int = FORMAT
+
+    def write(self, out_dir: Path) -> Path:
+        path = Path(out_dir) / MANIFEST
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, art_dir: str | Path) -> "Manifest":
+        path = Path(art_dir) / MANIFEST
+        if not path.is_file():
+            raise UserError(f"no {MANIFEST} in {art_dir}: build artifacts with `python -m compile build`")
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (TypeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path} is not a manifest this version can read: {e}") from None
+
+    def check(self, text_config, versions: dict | None = None, **expected) -> None:
+        """Raise a UserError naming the first field that disagrees with the checkpoint or this install."""
+        if self.format != FORMAT:
+            raise UserError(f"artifact format {self.format}, this version reads {FORMAT}: rebuild")
+        have = config_hash(text_config)
+        if self.config_hash != have:
+            raise UserError(f"artifacts were built for another model config (hash {self.config_hash}, "
+                            f"checkpoint has {have}): rebuild them for this checkpoint")
+        for name, want in expected.items():
+            if want is not None and getattr(self, name) != want:
+                raise UserError(f"artifacts were built with {name}={getattr(self, name)!r}, "
+                                f"this request asks for {want!r}: rebuild or change {name}")
+        versions = versions if versions is not None else installed_versions(self.backend)
+        for pkg, built in self.versions.items():
+            if versions.get(pkg) != built:
+                raise UserError(f"artifacts were built with {pkg} {built}, installed is {versions.get(pkg)}: "
+                                f"rebuild them or install {pkg}=={built}")

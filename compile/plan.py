@@ -1,0 +1,164 @@
+"""`compile plan`: does a model fit the NeuronCores at a given tp / batch / context, and if not, why.
+
+Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
+- weights: counted from the config analytically (not from a model object), bf16, split by the shard
+  plan; the PLE table is left out (it stays on the host);
+- KV cache: full layers hold max_context slots, sliding layers a ring of the window, KV-shared layers none;
+- activations / scratch (an estimate): a fixed runtime reserve plus the largest prefill bucket's
+  transient tensors (fp32 attention scores of one layer, MLP intermediates, hidden states, logits).
+Host: the PLE table (memory-mapped, shared by all replicas of a model) against the instance's RAM.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from neuron_workers.dims import FULL, ModelDims
+from neuron_workers.errors import UserError
+from neuron_workers.shard_plan import ShardPlan, intermediate_sizes, make_plan
+
+GIB = 1024**3
+HBM_PER_CORE = 16 * GIB
+RUNTIME_RESERVE = 1 * GIB
+BF16 = 2
+INSTANCES = {"inf2.xlarge": (2, 16), "inf2.8xlarge": (2, 128), "inf2.24xlarge": (12, 384), "inf2.48xlarge": (24, 768)}
+
+
+@dataclass
+class Plan:
+    model_type: str
+    tp: int
+    batch: int
+    max_context: int
+    instance: str
+    weights_per_core: int
+    kv_per_core: int
+    activations_per_core: int
+    hbm_per_core: int
+    ple_host: int
+    host_ram: int
+    fits: bool
+    reasons: list[str]
+    largest_context: int | None
+
+    @property
+    def total_per_core(self) -> int:
+        return self.weights_per_core + self.kv_per_core + self.activations_per_core
+
+
+def load_text_config(path: str | Path):
+    """A checkpoint directory (config.json) or a config json file (full or text_config only)."""
+    from neuron_workers.checkpoint import text_config_from_dict
+
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        raise UserError(f"no model config at {path}: give a checkpoint directory or a config .json file")
+    try:
+        raw = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{f} is not valid JSON: {e}") from None
+    return text_config_from_dict(raw, f)[2]
+
+
+def layer_params(cfg, dims: ModelDims, i: int, inter: int) -> dict[str, int]:
+    """Parameter count of layer i, by how it is split under TP (col/row: split, kv: split or replicated)."""
+    h, hd, hq, hkv = dims.hidden_size, dims.head_dims[i], dims.num_attention_heads, dims.kv_heads[i]
+    split = 2 * h * hq * hd + 3 * h * inter  # q, o; gate, up, down
+    rep = hd + 4 * h + 1  # q_norm, 4 layer norms, layer_scalar
+    kv = 0
+    if dims.kv_source[i] == i:
+        has_v = not (getattr(cfg, "attention_k_eq_v", False) and dims.layer_types[i] == FULL)
+        kv = h * hkv * hd * (2 if has_v else 1)
+        rep += hd  # k_norm (v_norm has no weight)
+    if dims.ple_dim:
+        rep += 2 * h * dims.ple_dim + h  # per-layer input gate, projection, norm
+    return {"split": split, "kv": kv, "rep": rep}
+
+
+def model_params(cfg, dims: ModelDims) -> dict[str, int]:
+    """Model-level parameters: the tied embedding (vocab-split), replicated norms and PLE projection, PLE table."""
+    ple = dims.num_layers * dims.ple_dim
+    return {"embed": dims.vocab_size * dims.hidden_size,
+            "rep": dims.hidden_size + (dims.hidden_size * ple + dims.ple_dim if ple else 0),
+            "ple_table": dims.ple_vocab * ple}
+
+
+def weights_per_core(cfg, dims: ModelDims, plan: ShardPlan, bytes_per: int = BF16) -> int:
+    inter = intermediate_sizes(cfg)
+    total = 0
+    for i in range(dims.num_layers):
+        p = layer_params(cfg, dims, i, inter[i])
+        total += p["split"] // plan.tp + p["rep"] + (p["kv"] if plan.layers[i].kv_replicated else p["kv"] // plan.tp)
+    m = model_params(cfg, dims)
+    return (total + m["embed"] // plan.tp + m["rep"]) * bytes_per
+
+
+def kv_per_core(dims: ModelDims, plan: ShardPlan, batch: int, ctx: int, bytes_per: int = BF16) -> int:
+    total = 0
+    for i in dims.kv_layers:
+        _, heads, slots, hd = dims.kv_shape(i, batch, ctx, plan.layers[i].kv_heads)
+        total += 2 * batch * heads * slots * hd * bytes_per
+    return total
+
+
+def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: int) -> int:
+    hq = dims.num_attention_heads // plan.tp
+    inter = max(s.intermediate for s in plan.layers)
+    scores = batch * hq * bucket * bucket * 4
+    mlp = 3 * batch * bucket * inter * BF16
+    hidden = 4 * batch * bucket * dims.hidden_size * 4
+    logits = batch * dims.vocab_size * 4
+    return RUNTIME_RESERVE + scores + mlp + hidden + logits
+
+
+def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: int | None = None) -> Plan:
+    if instance not in INSTANCES:
+        raise UserError(f"unknown instance {instance!r}; use one of {', '.join(INSTANCES)}")
+    dims = ModelDims.from_hf(cfg)
+    if not 1 < ctx <= dims.max_position_embeddings:
+        raise UserError(f"max context must be in [2, {dims.max_position_embeddings}], got {ctx}")
+    plan = make_plan(dims, intermediate_sizes(cfg), tp)
+    cores, ram_gib = INSTANCES[instance]
+    w = weights_per_core(cfg, dims, plan)
+    fit = lambda c: w + kv_per_core(dims, plan, batch, c) + activations_per_core(  # noqa: E731
+        dims, plan, batch, min(bucket or c, c)) <= HBM_PER_CORE
+    kv, act = kv_per_core(dims, plan, batch, ctx), activations_per_core(dims, plan, batch, min(bucket or ctx, ctx))
+    ple = model_params(cfg, dims)["ple_table"] * BF16
+    reasons = []
+    if w + kv + act > HBM_PER_CORE:
+        reasons.append(f"needs {(w + kv + act) / GIB:.2f} GiB per core, a NeuronCore has {HBM_PER_CORE / GIB:.0f} GiB")
+    if tp > cores:
+        reasons.append(f"tp={tp} needs {tp} NeuronCores, {instance} has {cores}")
+    if ple > ram_gib * GIB * 0.8:
+        reasons.append(f"the PLE table ({ple / GIB:.1f} GiB) exceeds 80% of {instance}'s {ram_gib} GiB RAM")
+    return Plan(cfg.model_type, tp, batch, ctx, instance, w, kv, act, HBM_PER_CORE, ple, ram_gib * GIB,
+                not reasons, reasons, _largest(fit, dims.max_position_embeddings))
+
+
+def _largest(fit, limit: int, step: int = 128) -> int | None:
+    """The largest multiple of `step` (up to the model's limit) whose plan fits, or None."""
+    lo, hi = 0, limit // step
+    if not fit(step):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fit(mid * step) else (lo, mid - 1)
+    return lo * step
+
+
+def format_plan(p: Plan) -> str:
+    g = lambda b: f"{b / GIB:6.2f} GiB"  # noqa: E731
+    lines = [f"{p.model_type} tp={p.tp} batch={p.batch} max_context={p.max_context} on {p.instance}",
+             f"  per NeuronCore: weights {g(p.weights_per_core)} + KV cache {g(p.kv_per_core)} + "
+             f"activations/scratch (est.) {g(p.activations_per_core)} = {g(p.total_per_core)} of {g(p.hbm_per_core)}",
+             f"  host: PLE table {g(p.ple_host)} (memory-mapped, shared by replicas) of {g(p.host_ram)} RAM",
+             f"  largest max_context that fits: {p.largest_context if p.largest_context else 'none'}"]
+    lines.append("  fits" if p.fits else "  DOES NOT FIT: " + "; ".join(p.reasons))
+    return "\n".join(lines)
+
+
+def plan_json(p: Plan) -> str:
+    return json.dumps({**asdict(p), "total_per_core": p.total_per_core})

@@ -1,0 +1,179 @@
+"""compile build / plan. The Neuron path runs against a recording test double (tests/neuron_double.py):
+what is checked is the contract of our calls, not Neuron itself. The cpu path runs for real."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import neuron_double
+from compile.__main__ import main as compile_main
+from compile.build import build
+from compile.manifest import Manifest
+from neuron_workers.generate import main as generate_main
+from neuron_workers.loader import load_model
+from neuron_workers.shard_plan import plan_for
+from test_tp import CONFIGS, meta_shapes, real_config
+
+KV = ("k_", "v_")
+
+
+def kv_buffers(model):
+    return {n: b for n, b in model.named_buffers() if n.startswith(KV)}
+
+
+def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
+    with neuron_double.installed() as calls:
+        m = build(str(tiny_dirs["gemma4-e2b-tiny"]), "neuron", 1, 1, 64, [16, 32], "bfloat16", str(tmp_path / "a"),
+                  progress=lambda s: None)
+        builder_model = neuron_double.SAVED[str(tmp_path / "a" / "nxd_model.pt")].module
+    traces = [c for c in calls if c[0] == "trace"]
+    assert [t[1] for t in traces] == ["prefill_16", "prefill_32", "decode"]  # one call per bucket, then decode
+    for _, tag, inputs, logits_shape, replaced in traces:
+        s = 16 if tag == "prefill_16" else 32 if tag == "prefill_32" else 1
+        dtypes = [d for _, d in inputs]
+        assert dtypes == [torch.int32, torch.int32, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int32,
+                          torch.int32]  # ids, positions, per_layer_inputs, mask_full, mask_sliding, last, ring
+        assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8)
+        assert logits_shape == (1, 512) and replaced  # every KV buffer replaced out of place: aliased state
+    compile_call = next(c for c in calls if c[0] == "compile")
+    flags = compile_call[1]
+    assert set(flags) == {"prefill_16", "prefill_32", "decode"}
+    for tag, f in flags.items():
+        for flag in ("--model-type=transformer", "--auto-cast=none", "--target inf2"):
+            assert flag in f
+        assert ("-O1" in f) == tag.startswith("prefill") and ("-O2" in f) == (tag == "decode")
+    dims = load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False).dims
+    bufs = kv_buffers(builder_model)
+    assert len(bufs) == 2 * len(dims.kv_layers) and all(b.dtype == torch.bfloat16 for b in bufs.values())
+    assert {b.shape[2] for b in bufs.values()} == {64, 8}  # full: max context, sliding: the window ring
+    assert all(p.dtype == torch.bfloat16 for p in builder_model.parameters() if p.is_floating_point())
+    assert m.backend == "neuron" and m.compiler_flags == flags
+    assert ("save", str(tmp_path / "a" / "nxd_model.pt")) in calls
+
+
+@pytest.mark.parametrize("name,heads", [("gemma4-12b-tiny", {8: 1, 64: 1}), ("gemma4-e4b-tiny", {8: 1, 64: 1})])
+def test_neuron_build_contract_tp2(tiny_dirs, tmp_path, name, heads):
+    out = tmp_path / "b"
+    with neuron_double.installed() as calls:
+        build(str(tiny_dirs[name]), "neuron", 2, 1, 64, [32], "bfloat16", str(out), progress=lambda s: None)
+        model = neuron_double.SAVED[str(out / "nxd_model.pt")].module
+    assert ("parallel_state", 2, 2) in calls
+    for b in kv_buffers(model).values():
+        assert b.shape[1] == heads[b.shape[2]]  # per-rank KV heads: split (sliding) or replicated (12B full)
+    w = [load_file(str(out / "weights" / f"tp{r}.safetensors")) for r in range(2)]
+    shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith(KV)}
+    assert set(w[0]) == set(w[1]) == set(shapes)
+    assert all(w[r][k].shape == shapes[k] for r in range(2) for k in shapes)
+    assert int(w[0]["lm.model.embed_tokens.vocab_start"]) == 0 and int(w[1]["lm.model.embed_tokens.vocab_start"]) == 256
+    q = "lm.model.layers.0.self_attn.q_proj.weight"
+    norm = "lm.model.layers.0.input_layernorm.weight"
+    assert not torch.equal(w[0][q], w[1][q]) and torch.equal(w[0][norm], w[1][norm])
+    full = load_model(tiny_dirs[name], torch.bfloat16).hf_lm.state_dict()
+    assert torch.equal(torch.cat([w[0][q], w[1][q]]), full["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_neuron_pipeline_end_to_end_with_the_double(tiny_dirs, tmp_path, capsys):
+    """build -> manifest -> NeuronBackend load/warm-up/forward (the double runs the traced module on CPU)
+    gives the tokens of the CPU engine in the same dtype."""
+    d, out = tiny_dirs["gemma4-e4b-tiny"], tmp_path / "c"
+    args = ["--model", str(d), "--prompt-ids", "2,40,41,42,43,44,45,46,47,48,49", "--max-new-tokens", "24",
+            "--ignore-eos", "--json", "--max-context", "64"]
+    with neuron_double.installed() as calls:
+        assert compile_main(["build", "--model", str(d), "--tp", "1", "--max-context", "64", "--prefill-buckets",
+                             "16,32", "--out", str(out)]) == 0
+        assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out)]) == 0
+        neuron = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ("to_neuron",) in calls and ("forward", "decode") in calls
+    assert generate_main(args + ["--dtype", "bfloat16"]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert neuron["token_ids"] == cpu["token_ids"] and len(cpu["token_ids"]) == 24
+
+
+def test_neuron_without_sdk_says_what_to_install(tiny_dirs, tmp_path, capsys):
+    rc = compile_main(["build", "--model", str(tiny_dirs["gemma4-e2b-tiny"]), "--out", str(tmp_path / "n")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "torch-neuronx" in err and "pip install" in err
+    assert not (tmp_path / "n").exists()
+
+
+def test_cpu_build_load_generate_and_manifest_checks(tiny_dirs, tmp_path, capsys):
+    d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "cpu"
+    assert compile_main(["build", "--model", str(d), "--backend", "cpu", "--max-context", "64",
+                         "--prefill-buckets", "32", "--out", str(out)]) == 0
+    progress = capsys.readouterr().out
+    assert "[1/2] exporting prefill_32" in progress and "[2/2] decode done" in progress
+    m = Manifest.read(out)
+    assert (m.tp, m.batch, m.max_context, m.prefill_buckets, m.dtype) == (1, 1, 64, [32], "float32")
+    assert m.versions["torch"] == torch.__version__.split("+")[0] or m.versions["torch"].startswith("2.")
+    args = ["--prompt-ids", "2,5,6,7,8,9,10,11,12,13,14,15", "--max-new-tokens", "40", "--ignore-eos", "--json"]
+    assert generate_main(["--model", str(d), "--artifacts", str(out)] + args) == 0
+    from_artifacts = json.loads(capsys.readouterr().out)["token_ids"]
+    assert generate_main(["--model", str(d), "--max-context", "64"] + args) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == from_artifacts
+    # mismatches are refused with the field named
+    assert generate_main(["--model", str(tiny_dirs["gemma4-e4b-tiny"]), "--artifacts", str(out)] + args) == 2
+    assert "another model config" in capsys.readouterr().err
+    assert generate_main(["--model", str(d), "--artifacts", str(out), "--max-context", "128"] + args) == 2
+    assert "max_context=64" in capsys.readouterr().err
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["versions"]["transformers"] = "4.0.0"
+    (out / "manifest.json").write_text(json.dumps(raw))
+    assert generate_main(["--model", str(d), "--artifacts", str(out)] + args) == 2
+    assert "built with transformers 4.0.0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not CONFIGS.is_dir(), reason="shared/reference/model-configs not present")
+class TestPlanOnRealConfigs:
+    @pytest.mark.parametrize("size,tp", [("E2B", 1), ("E4B", 2), ("12B", 2), ("12B", 1)])
+    def test_weights_match_an_independent_meta_count(self, size, tp):
+        from compile.plan import make_plan_report
+
+        cfg = real_config(size)
+        shapes = meta_shapes(cfg)  # HF's own model on the meta device, PLE table excluded
+        report = make_plan_report(cfg, tp, 1, 4096, "inf2.24xlarge")
+        assert report.weights_per_core == plan_for(cfg, tp).weight_bytes_per_rank(shapes)
+        if tp == 1:
+            assert report.weights_per_core == 2 * sum(torch.Size(s).numel() for k, s in shapes.items()
+                                                      if k != "lm_head.weight")
+
+    def test_ple_table_and_kv_bytes(self):
+        from compile.plan import make_plan_report
+
+        e2b = make_plan_report(real_config("E2B"), 1, 1, 4096, "inf2.xlarge")
+        assert e2b.ple_host == 262144 * 35 * 256 * 2
+        assert e2b.kv_per_core == 3 * 2 * 1 * 4096 * 512 * 2 + 12 * 2 * 1 * 512 * 256 * 2
+        b12 = make_plan_report(real_config("12B"), 2, 1, 4096, "inf2.24xlarge")
+        assert b12.kv_per_core == 8 * 2 * 1 * 4096 * 512 * 2 + 40 * 2 * 4 * 1024 * 256 * 2
+
+    @pytest.mark.parametrize("size,tp,instance", [("E2B", 1, "inf2.xlarge"), ("E4B", 2, "inf2.8xlarge"),
+                                                  ("12B", 2, "inf2.24xlarge")])
+    def test_default_sizes_fit(self, size, tp, instance, capsys):
+        path = str(CONFIGS / f"gemma-4-{size}.text_config.json")
+        assert compile_main(["plan", "--model", path, "--tp", str(tp), "--instance", instance]) == 0
+        assert "fits" in capsys.readouterr().out
+
+    def test_12b_on_one_core_is_refused_with_numbers(self, capsys):
+        path = str(CONFIGS / "gemma-4-12B.text_config.json")
+        assert compile_main(["plan", "--model", path, "--tp", "1", "--json"]) == 2
+        out = json.loads(capsys.readouterr().out)
+        assert not out["fits"] and out["largest_context"] is None
+        assert out["weights_per_core"] > out["hbm_per_core"] and "GiB per core" in out["reasons"][0]
+
+    def test_largest_context_is_the_boundary(self):
+        from compile.plan import make_plan_report
+
+        cfg = real_config("12B")
+        best = make_plan_report(cfg, 2, 1, 4096, "inf2.24xlarge").largest_context
+        assert make_plan_report(cfg, 2, 1, best, "inf2.24xlarge").fits
+        assert not make_plan_report(cfg, 2, 1, best + 128, "inf2.24xlarge").fits
+
+    def test_bad_plan_input(self, capsys):
+        assert compile_main(["plan", "--model", "/nope.json"]) == 2
+        assert compile_main(["plan", "--model", str(CONFIGS / "gemma-4-E4B.text_config.json"), "--tp", "3"]) == 2
+        assert compile_main(["plan", "--model", str(CONFIGS / "gemma-4-E4B.text_config.json"),
+                             "--instance", "inf9.huge"]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 3
