@@ -36,6 +36,14 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     ignore_eos: bool = False
+    logprobs: bool | int | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v:
+            raise ValueError("logprobs are not supported yet")
+        return v
 
     @field_validator("stop")
     @classmethod
