@@ -12,7 +12,7 @@ from compile.manifest import Manifest, config_hash, installed_versions
 from neuron_workers.errors import UserError
 from neuron_workers.loader import DTYPES, load_model
 from neuron_workers.spec import DECODE, PREFILL, make_spec
-from neuron_workers.worker import _buckets, resolve_context
+from neuron_workers.worker import resolve_buckets, resolve_context
 
 
 def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | None, buckets, dtype: str,
@@ -31,7 +31,7 @@ def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | 
     t0 = time.perf_counter()
     loaded = load_model(model_dir, DTYPES[dtype])
     ctx = resolve_context(max_context, loaded.dims.max_position_embeddings)
-    buckets = _buckets(tuple(buckets) if buckets else None, ctx)
+    buckets = resolve_buckets(tuple(buckets) if buckets else None, ctx)
     progress(f"loaded {model_dir} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
              f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode, context {ctx}, tp {tp}")
     out.mkdir(parents=True, exist_ok=True)

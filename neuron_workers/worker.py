@@ -48,7 +48,7 @@ def build_engine(cfg: WorkerConfig) -> Engine:
                         f"(made by `python -m compile build --backend {cfg.backend}`)")
     model = load_model(cfg.model, DTYPES[cfg.dtype])
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
-    buckets = _buckets(cfg.prefill_buckets, ctx)
+    buckets = resolve_buckets(cfg.prefill_buckets, ctx)
     if cfg.tp > 1:
         from neuron_workers.backends.cpu_tp import TpCpuBackend
 
@@ -60,7 +60,8 @@ def build_engine(cfg: WorkerConfig) -> Engine:
     return Engine(model, backend)
 
 
-def _buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:
+def resolve_buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:
+    """The prefill buckets to build: the given ones (checked against the context) or the defaults."""
     if not buckets:
         return default_buckets(ctx)
     bad = [b for b in buckets if not 0 < b <= ctx]

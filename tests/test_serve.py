@@ -209,3 +209,24 @@ def test_backpressure_is_503_and_neuron_cores_are_pinned(serve_url):
         assert len(cores["pinned1"]) == 1 and not set(cores["pinned1"]) & set(cores["pinned2"])
     finally:
         serve.delete("fake")
+
+
+def test_missing_neuron_cores_are_refused_not_left_pending(serve_url):
+    """The session cluster has 4 fake NeuronCores: asking for 6 fails at build time with the numbers."""
+    from serve_app.app import build_app
+    from serve_app.config import AppArgs
+
+    fake = {"engine": "serve_app.fake_engine:FakeEngine", "backend": "neuron", "artifacts": "x", "path": "."}
+    args = AppArgs(models=[{"name": "a", "tp": 2, "min_replicas": 2, "max_replicas": 2, **fake},
+                           {"name": "b", "tp": 2, **fake}])
+    with pytest.raises(ValueError, match="need 6 `neuron_cores`.*has 4"):
+        build_app(args)
+
+
+def test_router_process_stays_free_of_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, serve_app.router, serve_app.app; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

@@ -142,7 +142,7 @@ def run_side_by_side(d, dtype, n):
             b.append(e2.token_id)
             assert len(tp.rank_logits) == 2
             for rank_logits in tp.rank_logits:
-                worst = max(worst, (rank_logits - one.backend._last_logits).abs().max().item())
+                worst = max(worst, (rank_logits - one.backend.last_logits).abs().max().item())
         return ids, a, b, worst
     finally:
         tp.close()

@@ -29,6 +29,7 @@ class CpuBackend:
         self.kv_heads = kv_heads  # a TP rank's KV heads per layer (None: unsharded)
         self._graphs: dict[str, object] = dict(programs or {})
         self.kv = [t.zeros() for t in self.spec(DECODE).kv_inputs]
+        self.last_logits: torch.Tensor | None = None  # the latest logits, for side-by-side checks
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
         return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype, kv_heads=self.kv_heads)
@@ -48,7 +49,7 @@ class CpuBackend:
     def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
         out = self.graph(spec)(*inputs, *self.kv)
         self.kv = list(out[1:])
-        self._last_logits = out[0]
+        self.last_logits = out[0]
         return out[0]
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
