@@ -49,6 +49,11 @@ class Engine:
     def decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
 
+    def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        """Raise a UserError unless the ids are in the vocabulary and prompt + new tokens fit the context."""
+        self._check_ids(prompt_ids)
+        self.check_fits(len(prompt_ids), max_new_tokens)
+
     def check_fits(self, n_prompt: int, max_new_tokens: int) -> None:
         if n_prompt < 1:
             raise UserError("the prompt is empty", param="prompt")
@@ -60,8 +65,7 @@ class Engine:
 
     # --- generation ----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[TokenEvent]:
-        self._check_ids(prompt_ids)
-        self.check_fits(len(prompt_ids), params.max_new_tokens)
+        self.validate(prompt_ids, params.max_new_tokens)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model.eos_token_ids))
         gen = None if params.greedy else make_generator(params.seed)
         cap = self.dims.final_logit_softcapping

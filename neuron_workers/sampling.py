@@ -59,8 +59,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None,
         z = soft_cap(logits, cap) / params.temperature
         z, idx = torch.sort(z, descending=True) if params.top_p < 1.0 else (z, None)
     probs = torch.softmax(z, dim=-1)
-    if params.top_p < 1.0:
-        keep = torch.cumsum(probs, -1) - probs < params.top_p  # always keeps the top token
-        probs = torch.where(keep, probs, 0.0)
-    choice = int(torch.multinomial(probs, 1, generator=generator).item())
-    return int(idx[choice].item()) if idx is not None else choice
+    cdf = torch.cumsum(probs, -1)
+    if params.top_p < 1.0:  # nucleus: keep the smallest prefix reaching top_p (always the top token)
+        probs = torch.where(cdf - probs < params.top_p, probs, 0.0)
+        cdf = torch.cumsum(probs, -1)
+    u = torch.rand((), generator=generator) * cdf[-1]  # inverse-CDF draw: one random number per token
+    choice = min(int(torch.searchsorted(cdf, u, right=True)), cdf.shape[-1] - 1)
+    return int(idx[choice]) if idx is not None else choice

@@ -33,6 +33,9 @@ class FakeEngine:
     def decode_text(self, ids: list[int]) -> str:
         return "".join(chr(ord("a") + (i - OFFSET) % 26) for i in ids)
 
+    def validate(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        self.check_fits(len(prompt_ids), max_new_tokens)
+
     def check_fits(self, n_prompt: int, max_new_tokens: int) -> None:
         if n_prompt < 1:
             raise UserError("the prompt is empty", param="prompt")

@@ -81,7 +81,7 @@ class ModelServer:
         else:
             ids = list(req["prompt"])
         max_tokens = req.get("max_tokens") or max(eng.max_context - len(ids), 1)
-        eng.check_fits(len(ids), max_tokens)
+        eng.validate(ids, max_tokens)
         sampling = {**eng.sampling_defaults, **req.get("sampling", {})}
         params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=bool(req.get("ignore_eos")), **sampling)
         return ids, params, list(req.get("stop") or [])

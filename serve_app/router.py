@@ -51,6 +51,12 @@ async def _http(request: Request, exc: StarletteHTTPException):
     return error(exc.status_code, str(exc.detail), code=code)
 
 
+@api.exception_handler(Exception)
+async def _server_error(request: Request, exc: Exception):  # ours, never the user's: log it, answer in shape
+    log.exception("request failed: %s", exc)
+    return error(500, f"internal error: {type(exc).__name__}", "server_error", code="internal_error")
+
+
 def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 

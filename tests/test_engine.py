@@ -181,3 +181,18 @@ def test_fast_argmax_and_topk_equal_torch_on_a_real_size_vocab():
         assert torch.equal(vals, ref_vals) and torch.equal(z[idx], vals)
     odd = torch.randn(1000, generator=g)  # not a multiple of the row count: plain torch path
     assert fast_argmax(odd) == int(odd.argmax())
+
+
+def test_sampling_follows_the_distribution_and_top_p_cuts_the_tail():
+    from neuron_workers.sampling import make_generator
+
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    g = make_generator(1)
+    counts = torch.zeros(3)
+    for _ in range(6000):
+        counts[sample(logits, SamplingParams(temperature=1.0), None, g)] += 1
+    assert torch.allclose(counts / 6000, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+    counts.zero_()
+    for _ in range(4000):  # top_p 0.6 keeps the two tokens whose mass first reaches 0.6: 5:3
+        counts[sample(logits, SamplingParams(temperature=1.0, top_p=0.6), None, g)] += 1
+    assert counts[2] == 0 and abs(counts[0] / counts[:2].sum() - 0.625) < 0.03
