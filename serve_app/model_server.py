@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from neuron_workers.errors import UserError
 from neuron_workers.params import SamplingParams
 from serve_app.config import ModelSpec
+from serve_app.metrics import ServerMetrics
 from serve_app.stops import StopStrings
 
 log = logging.getLogger("ray.serve")
@@ -63,6 +64,7 @@ class ModelServer:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{self.spec.name}")
         self.lock = asyncio.Lock()
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "decode_steps": 0, "active": 0}
+        self.metrics = ServerMetrics(self.spec.name)
         log.info("model %s ready (backend %s, tp %d, cores %s, context %d)", self.spec.name, self.spec.backend,
                  self.spec.tp, self.cores, self.engine.max_context)
 
@@ -92,14 +94,17 @@ class ModelServer:
         try:
             ids, params, stops = self._prepare(req)
         except UserError as e:
+            self.metrics.finish("error")
             yield {"type": "error", "status": 400, "message": str(e), "code": e.code, "param": e.param}
             return
+        timer = self.metrics.request(len(ids))
         yield {"type": "start", "prompt_tokens": len(ids)}
         async with self.lock:
-            async for event in self._run(ids, params, StopStrings(stops)):
+            timer.started()
+            async for event in self._run(ids, params, StopStrings(stops), timer):
                 yield event
 
-    async def _run(self, ids, params, stops: StopStrings):
+    async def _run(self, ids, params, stops: StopStrings, timer):
         loop = asyncio.get_running_loop()
         it = self.engine.generate(ids, params)
         n, finish = 0, None
@@ -111,18 +116,22 @@ class ModelServer:
                     break
                 n += 1
                 self.stats["decode_steps"] += 1
+                timer.token()
                 text = stops.feed(ev.text)
                 finish = "stop" if stops.hit else ev.finish_reason
                 if finish and not stops.hit:
                     text += stops.flush()
                 yield {"type": "delta", "text": text, "token_ids": [ev.token_id]}
             self.stats["completed"] += 1
+            self.metrics.finish(finish or "stop")
             yield {"type": "end", "finish_reason": finish or "stop", "prompt_tokens": len(ids),
                    "completion_tokens": n}
         except asyncio.CancelledError:
             self.stats["cancelled"] += 1
+            self.metrics.finish("abort")
             raise
         except UserError as e:
+            self.metrics.finish("error")
             yield {"type": "error", "status": 400, "message": str(e), "code": e.code, "param": e.param}
         finally:
             self.stats["active"] -= 1

@@ -39,23 +39,28 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def serve_url():
     """A light local Ray cluster with 4 fake NeuronCores and Serve's HTTP proxy on a free port."""
-    import socket
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_TMPDIR", "/tmp/g4ray")
     import ray
     from ray import serve
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, metrics_port = free_port(), free_port()
     ray.init(num_cpus=4, resources={"neuron_cores": 4}, include_dashboard=False,
-             object_store_memory=100 * 1024**2, log_to_driver=False)
+             object_store_memory=100 * 1024**2, log_to_driver=False, _metrics_export_port=metrics_port)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    os.environ["GEMMA4_TEST_METRICS_URL"] = f"http://127.0.0.1:{metrics_port}/metrics"
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()

@@ -127,7 +127,8 @@ def test_bad_input_battery_then_still_serving(tiny_app):
         r = h.post(f"{tiny_app}/completions", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
         assert h.get(f"{tiny_app}/nowhere").status_code == 404
-        long_chat = [b for b in BAD if b[3] == "context_length_exceeded" and "messages" in b[1]][0]
+        long_chat = [b for b in BAD if b[3] == "context_length_exceeded" and "max_tokens" not in b[1]
+                     and "messages" in b[1]][0]
         assert h.post(f"{tiny_app}/{long_chat[0]}", json=long_chat[1]).json()["error"]["param"] == "messages"
         ok = h.post(f"{tiny_app}/completions", json={"model": "e2b", "prompt": "hi", "max_tokens": 3})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
@@ -233,3 +234,19 @@ def test_router_process_stays_free_of_torch():
     code = "import sys, serve_app.router, serve_app.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_prometheus_metrics_per_model(tiny_app):
+    import os
+
+    with httpx.Client(timeout=60) as h:
+        assert h.post(f"{tiny_app}/completions", json={"model": "12b", "prompt": "hi", "max_tokens": 5}).status_code == 200
+        deadline, text = time.time() + 40, ""
+        while time.time() < deadline:
+            text = h.get(os.environ["GEMMA4_TEST_METRICS_URL"]).text
+            if 'ray_gemma4_generation_tokens_total{' in text and 'model="12b"' in text:
+                break
+            time.sleep(1)
+    assert "ray_gemma4_time_to_first_token_ms_bucket" in text
+    assert any(line.startswith("ray_gemma4_request_finished_total") and 'model="12b"' in line
+               for line in text.splitlines())
