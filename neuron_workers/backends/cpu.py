@@ -28,11 +28,16 @@ class CpuBackend:
         self.max_context, self.buckets = max_context, tuple(sorted(buckets))
         self.kv_heads = kv_heads  # a TP rank's KV heads per layer (None: unsharded)
         self._graphs: dict[str, object] = dict(programs or {})
+        self._specs: dict[tuple, GraphSpec] = {}
         self.kv = [t.zeros() for t in self.spec(DECODE).kv_inputs]
         self.last_logits: torch.Tensor | None = None  # the latest logits, for side-by-side checks
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
-        return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype, kv_heads=self.kv_heads)
+        key = (phase, bucket if phase == PREFILL else 1)
+        if key not in self._specs:  # built once: decode asks for its spec every token
+            self._specs[key] = make_spec(self.dims, phase, 1, key[1], self.max_context, self.dtype,
+                                         kv_heads=self.kv_heads)
+        return self._specs[key]
 
     def graph(self, spec: GraphSpec):
         fn = self._graphs.get(spec.tag)

@@ -140,6 +140,7 @@ class NeuronBackend:
         self.dims, self.max_context = dims, manifest.max_context
         self.buckets, self.dtype = tuple(manifest.prefill_buckets), _dtype(manifest.dtype)
         self.kv_heads = kv_heads
+        self._specs, self._extra = {}, {}
         from safetensors.torch import load_file
 
         self.model = nxd.NxDModel.load(str(art_dir / MODEL_FILE))
@@ -149,16 +150,23 @@ class NeuronBackend:
         self._warm_up()
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
-        return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype, ID_DTYPE, self.kv_heads)
+        key = (phase, bucket if phase == PREFILL else 1)
+        if key not in self._specs:  # built once: decode asks for its spec every token
+            self._specs[key] = make_spec(self.dims, phase, 1, key[1], self.max_context, self.dtype, ID_DTYPE,
+                                         self.kv_heads)
+            self._extra[key] = tuple(t.zeros() for t in graph_inputs(self._specs[key])[
+                len(self._specs[key].inputs) - self._specs[key].num_kv:])  # decode's unused prefill inputs
+        return self._specs[key]
 
     def _call(self, spec: GraphSpec, inputs) -> torch.Tensor:
-        extra = tuple(t.zeros() for t in graph_inputs(spec)[len(inputs):])  # decode's unused prefill inputs
+        extra = self._extra[(spec.phase, spec.seq_len)]
         out = self.model.forward(*inputs, *extra, model_name=spec.tag)
         return out[0] if isinstance(out, (tuple, list)) else out
 
     def _warm_up(self) -> None:
-        for tag_spec in [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]:
-            self._call(tag_spec, tuple(t.zeros() for t in graph_inputs(tag_spec)))
+        for spec in [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]:
+            fixed = spec.inputs[: len(spec.inputs) - spec.num_kv]
+            self._call(spec, tuple(t.zeros() for t in fixed))
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
         return self._call(self.spec(PREFILL, bucket), inputs)
