@@ -46,7 +46,7 @@ def build_engine(cfg: WorkerConfig) -> Engine:
     if cfg.backend != "cpu":
         raise UserError(f"the {cfg.backend} backend runs compiled artifacts: pass --artifacts DIR "
                         f"(made by `python -m compile build --backend {cfg.backend}`)")
-    model = load_model(cfg.model, DTYPES[cfg.dtype])
+    model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
     if cfg.tp > 1:
