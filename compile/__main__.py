@@ -1,9 +1,15 @@
-"""python -m compile {build,plan} ...
+"""python -m compile {build,plan,smoke} ...
 
-  build  --model DIR --tp {1,2} --batch B --max-context N [--prefill-buckets 128,512] --out DIR
-         [--backend neuron|cpu] [--dtype bfloat16]   trace + compile the graphs, write artifacts + manifest
-  plan   --model DIR_OR_CONFIG --tp N --batch B --max-context N [--instance inf2.xlarge|...] [--json]
-         per-core HBM and host RAM; exits 2 with the numbers when the model does not fit
+  build  --model DIR --out DIR [--tp N --batch B --max-context N --prefill-buckets 128,512 --dtype D]
+         [--backend neuron|cpu] [--jobs J]               trace + compile the graphs, write artifacts + manifest
+  build  --config configs/inf2.yaml [--model NAME] [--jobs J]
+         the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and
+         artifacts directory (one source of truth: what is built is what that config serves)
+  plan   --model DIR_OR_CONFIG_JSON [--tp N --batch B --max-context N --instance inf2.24xlarge] [--json]
+  plan   --config configs/inf2.yaml [--model NAME]     each model as configured, on the config's instance
+         per-core HBM and host RAM; exits 2 with the numbers when a model does not fit
+  smoke  the inf2 hardware smoke test (compile/smoke.py): versions, a toy ModelBuilder model, tiny
+         checkpoints at tp 1 and 2 against the CPU backend; PASS/FAIL per step
 """
 
 from __future__ import annotations
@@ -25,43 +31,90 @@ def parse(argv):
     ap = argparse.ArgumentParser(prog="python -m compile", description="Compile and plan Gemma-4 graphs for inf2")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="trace and compile the prefill buckets and the decode graph")
-    b.add_argument("--model", required=True)
+    b.add_argument("--model", help="checkpoint directory (with --config: a model name in it)")
+    b.add_argument("--config", help="a serve YAML (configs/inf2.yaml): build its models as it serves them")
     b.add_argument("--tp", type=int, default=1)
-    b.add_argument("--batch", type=int, default=1)
+    b.add_argument("--batch", type=int, default=1, help="sequences decoded together (the serve config's max_batch)")
     b.add_argument("--max-context", type=int)
     b.add_argument("--prefill-buckets", type=_ints)
     b.add_argument("--backend", default="neuron", choices=["neuron", "cpu"])
     b.add_argument("--dtype", help="default: bfloat16 on neuron, float32 on cpu")
-    b.add_argument("--out", required=True)
+    b.add_argument("--out", help="artifact directory (with --config: the config's `artifacts`)")
+    b.add_argument("--jobs", type=int, default=1,
+                   help="neuronx-cc processes at once (default 1: each can take tens of GB of host RAM)")
     p = sub.add_parser("plan", help="will it fit? per-core HBM and host RAM")
-    p.add_argument("--model", required=True, help="checkpoint directory or config .json")
+    p.add_argument("--model", help="checkpoint directory or config .json (with --config: a model name in it)")
+    p.add_argument("--config", help="a serve YAML: plan each of its models as configured")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--prefill-bucket", type=int, help="largest prefill bucket (default: max context)")
     p.add_argument("--instance", default="inf2.24xlarge")
     p.add_argument("--json", action="store_true")
-    return ap.parse_args(argv)
+    sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
+    args = ap.parse_args(argv)
+    if args.cmd in ("build", "plan") and not (args.model or args.config):
+        ap.error("--model or --config is required")
+    if args.cmd == "build" and not args.config and not args.out:
+        ap.error("--out is required without --config")
+    return args
+
+
+def _build(args) -> int:
+    from compile.build import build
+
+    if args.jobs < 1:
+        raise UserError("--jobs must be >= 1")
+    if not args.config:
+        dtype = args.dtype or ("bfloat16" if args.backend == "neuron" else "float32")
+        build(args.model, args.backend, args.tp, args.batch, args.max_context, args.prefill_buckets, dtype,
+              args.out, progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        return 0
+    from compile.serve_config import read_serve_config, select
+
+    _, entries = read_serve_config(args.config)
+    for e in select(entries, args.model):
+        if not e.artifacts:
+            raise UserError(f"model {e.name!r} in {args.config} names no `artifacts` directory to build into")
+        print(f"== {e.name}: {e.path} -> {e.artifacts}", flush=True)
+        build(e.path, e.backend, e.tp, e.max_batch, e.max_context, e.prefill_buckets, e.dtype, e.artifacts,
+              progress=lambda m: print(m, flush=True), jobs=args.jobs)
+    return 0
+
+
+def _plan(args) -> int:
+    from compile.plan import format_plan, load_text_config, make_plan_report, plan_json
+
+    if args.batch < 1:
+        raise UserError("--batch must be >= 1")
+    if not args.config:
+        jobs = [(args.model, args.tp, args.batch, args.max_context, args.instance, args.prefill_bucket)]
+    else:
+        from compile.serve_config import read_serve_config, select
+
+        instance, entries = read_serve_config(args.config)
+        if not instance:
+            raise UserError(f"{args.config} names no `instance` in its args: say which inf2 size it is for")
+        jobs = [(e.path, e.tp, e.max_batch, e.max_context or 4096, instance,
+                 max(e.prefill_buckets) if e.prefill_buckets else None) for e in select(entries, args.model)]
+    fits = True
+    for model, tp, batch, ctx, instance, bucket in jobs:
+        report = make_plan_report(load_text_config(model), tp, batch, ctx, instance, bucket)
+        print(plan_json(report) if args.json else format_plan(report))
+        fits &= report.fits
+    return 0 if fits else 2
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     try:
         if args.cmd == "build":
-            from compile.build import build
+            return _build(args)
+        if args.cmd == "plan":
+            return _plan(args)
+        from compile.smoke import main as smoke
 
-            dtype = args.dtype or ("bfloat16" if args.backend == "neuron" else "float32")
-            build(args.model, args.backend, args.tp, args.batch, args.max_context, args.prefill_buckets, dtype,
-                  args.out, progress=lambda m: print(m, flush=True))
-            return 0
-        from compile.plan import format_plan, load_text_config, make_plan_report, plan_json
-
-        if args.batch < 1:
-            raise UserError("--batch must be >= 1")
-        report = make_plan_report(load_text_config(args.model), args.tp, args.batch, args.max_context,
-                                  args.instance, args.prefill_bucket)
-        print(plan_json(report) if args.json else format_plan(report))
-        return 0 if report.fits else 2
+        return smoke()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from compile.manifest import Manifest, config_hash, installed_versions
+from neuron_workers.manifest import Manifest, config_hash, installed_versions
 from neuron_workers.errors import UserError
 from neuron_workers.loader import DTYPES, load_model
 from neuron_workers.spec import DECODE, PREFILL, make_spec
@@ -16,9 +16,9 @@ from neuron_workers.worker import resolve_buckets, resolve_context
 
 
 def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | None, buckets, dtype: str,
-          out_dir: str, progress=print) -> Manifest:
-    if batch != 1:
-        raise UserError("only --batch 1 is supported for now (one sequence per replica)")
+          out_dir: str, progress=print, jobs: int = 1) -> Manifest:
+    if not 1 <= batch <= 256:
+        raise UserError(f"--batch must be in [1, 256], got {batch}")
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     if backend == "neuron":
@@ -33,14 +33,15 @@ def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | 
     ctx = resolve_context(max_context, loaded.dims.max_position_embeddings)
     buckets = resolve_buckets(tuple(buckets) if buckets else None, ctx)
     progress(f"loaded {model_dir} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
-             f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode, context {ctx}, tp {tp}")
+             f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode, context {ctx}, tp {tp}, "
+             f"batch {batch}")
     out.mkdir(parents=True, exist_ok=True)
     if backend == "cpu":
-        graphs, flags = _build_cpu(loaded, tp, ctx, buckets, out, progress), {}
+        graphs, flags = _build_cpu(loaded, tp, batch, ctx, buckets, out, progress), {}
     elif backend == "neuron":
         from neuron_workers.backends.neuron_build import build_neuron
 
-        flags = build_neuron(loaded, tp, ctx, buckets, out, progress)
+        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
         raise UserError(f"unknown backend {backend!r}; use cpu or neuron")
@@ -51,7 +52,7 @@ def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | 
     return manifest
 
 
-def _build_cpu(loaded, tp, ctx, buckets, out: Path, progress) -> dict[str, str]:
+def _build_cpu(loaded, tp, batch, ctx, buckets, out: Path, progress) -> dict[str, str]:
     import torch
 
     from neuron_workers.backends.cpu import export_graph
@@ -60,8 +61,8 @@ def _build_cpu(loaded, tp, ctx, buckets, out: Path, progress) -> dict[str, str]:
     if tp != 1:
         raise UserError("cpu artifacts are single-rank: build with --tp 1 (the cpu backend runs tp=2 "
                         "directly: python -m neuron_workers.generate --tp 2)")
-    specs = [make_spec(loaded.dims, PREFILL, 1, b, ctx, loaded.dtype) for b in buckets]
-    specs.append(make_spec(loaded.dims, DECODE, 1, 1, ctx, loaded.dtype))
+    specs = [make_spec(loaded.dims, PREFILL, batch, b, ctx, loaded.dtype) for b in buckets]
+    specs.append(make_spec(loaded.dims, DECODE, batch, 1, ctx, loaded.dtype))
     graphs = {}
     for i, spec in enumerate(specs, 1):
         t = time.perf_counter()

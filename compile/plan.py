@@ -4,8 +4,9 @@ Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
 - weights: counted from the config analytically (not from a model object), bf16, split by the shard
   plan; the PLE table is left out (it stays on the host);
 - KV cache: full layers hold max_context slots, sliding layers a ring of the window, KV-shared layers none;
-- activations / scratch (an estimate): a fixed runtime reserve plus the largest prefill bucket's
-  transient tensors (fp32 attention scores of one layer, MLP intermediates, hidden states, logits).
+- activations / scratch (an estimate): a fixed runtime reserve plus the larger of the largest prefill
+  bucket's transients (one prompt: fp32 attention scores of one layer, MLP intermediates, hidden states)
+  and the decode step's (`batch` rows, attention over the whole context), plus `batch` rows of logits.
 Host: the PLE table (memory-mapped, shared by all replicas of a model) against the instance's RAM.
 """
 
@@ -104,14 +105,16 @@ def kv_per_core(dims: ModelDims, plan: ShardPlan, batch: int, ctx: int, bytes_pe
     return total
 
 
-def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: int) -> int:
+def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: int, ctx: int | None = None) -> int:
     hq = dims.num_attention_heads // plan.tp
     inter = max(s.intermediate for s in plan.layers)
-    scores = batch * hq * bucket * bucket * 4
-    mlp = 3 * batch * bucket * inter * BF16
-    hidden = 4 * batch * bucket * dims.hidden_size * 4
-    logits = batch * dims.vocab_size * 4
-    return RUNTIME_RESERVE + scores + mlp + hidden + logits
+
+    def transients(rows: int, q: int, keys: int) -> int:
+        return rows * hq * q * keys * 4 + 3 * rows * q * inter * BF16 + 4 * rows * q * dims.hidden_size * 4
+
+    prefill = transients(1, bucket, bucket)  # one prompt at a time, into its slot
+    decode = transients(batch, 1, ctx or bucket)
+    return RUNTIME_RESERVE + max(prefill, decode) + batch * dims.vocab_size * 4
 
 
 def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: int | None = None) -> Plan:
@@ -124,8 +127,9 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
     cores, ram_gib = INSTANCES[instance]
     w = weights_per_core(cfg, dims, plan)
     fit = lambda c: w + kv_per_core(dims, plan, batch, c) + activations_per_core(  # noqa: E731
-        dims, plan, batch, min(bucket or c, c)) <= HBM_PER_CORE
-    kv, act = kv_per_core(dims, plan, batch, ctx), activations_per_core(dims, plan, batch, min(bucket or ctx, ctx))
+        dims, plan, batch, min(bucket or c, c), c) <= HBM_PER_CORE
+    kv = kv_per_core(dims, plan, batch, ctx)
+    act = activations_per_core(dims, plan, batch, min(bucket or ctx, ctx), ctx)
     ple = model_params(cfg, dims)["ple_table"] * BF16
     reasons = []
     if w + kv + act > HBM_PER_CORE:

@@ -1,11 +1,12 @@
 """Command-line generation on one checkpoint:
 
-    python -m neuron_workers.generate --model DIR (--prompt TEXT | --prompt-ids 5,6,7) --max-new-tokens N
-        [--temperature T --top-k K --top-p P --seed S] [--chat] [--json] [--backend cpu] [--tp 2]
+    python -m neuron_workers.generate --model DIR (--prompt TEXT | --prompt-ids 5,6,7)... --max-new-tokens N
+        [--temperature T --top-k K --top-p P --seed S] [--chat] [--json] [--tp 2] [--max-batch B]
 
-Streams text to stdout as it is generated, or prints one JSON object with `--json`
-(`token_ids`: the generated ids only, `text`, `finish_reason`, timing). A user mistake prints one
-`error:` line on stderr and exits 2.
+One prompt streams its text to stdout as it is generated, or prints one JSON object with `--json`
+(`token_ids`: the generated ids only, `text`, `finish_reason`, timing). Several prompts (repeat
+--prompt or --prompt-ids) are decoded together, up to --max-batch at a time, and print one JSON object
+per line in the order given. A user mistake prints one `error:` line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ def parse_ids(text: str) -> list[int]:
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m neuron_workers.generate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs the checkpoint's tokenizer)")
-    src.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, e.g. 2,105,9")
+    ap.add_argument("--prompt", action="append", default=[], help="prompt text (needs the checkpoint's tokenizer)")
+    ap.add_argument("--prompt-ids", action="append", type=parse_ids, default=[], help="prompt token ids, e.g. 2,105,9")
     ap.add_argument("--chat", action="store_true", help="wrap --prompt as a user turn with the chat template")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -45,11 +45,19 @@ def parse_args(argv):
     ap.add_argument("--cpu-mode", default="eager", choices=["eager", "export", "inductor"],
                     help="cpu backend: eager modules, strict torch.export programs, or torch.compile")
     ap.add_argument("--artifacts", help="compiled graphs from `python -m compile build`")
+    ap.add_argument("--max-batch", type=int, help="sequences decoded together (default 1, or the artifacts')")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch host threads (default 1: fastest for the graphs' small host ops)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not args.prompt and not args.prompt_ids:
+        ap.error("one of --prompt or --prompt-ids is required")
+    if args.prompt and args.prompt_ids:
+        ap.error("use --prompt or --prompt-ids, not both")
+    return args
 
 
-def run(args) -> dict:
+def run(args) -> list[dict]:
     from neuron_workers.params import SamplingParams
     from neuron_workers.worker import WorkerConfig, build_engine
 
@@ -57,34 +65,44 @@ def run(args) -> dict:
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     engine = build_engine(WorkerConfig(model=args.model, backend=args.backend, tp=args.tp,
                                        max_context=args.max_context, dtype=args.dtype, cpu_mode=args.cpu_mode,
-                                       artifacts=args.artifacts))
+                                       artifacts=args.artifacts, max_batch=args.max_batch, threads=args.threads))
     try:
-        if args.prompt is not None:
-            ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat \
-                else engine.encode(args.prompt)
+        if args.prompt:
+            prompts = [engine.encode_chat([{"role": "user", "content": p}]) if args.chat else engine.encode(p)
+                       for p in args.prompt]
         else:
-            ids = args.prompt_ids
-        return _generate(engine, ids, params, stream=not args.json)
+            prompts = args.prompt_ids
+        return _generate(engine, prompts, params, stream=not args.json and len(prompts) == 1)
     finally:
-        engine.backend.close()
+        engine.close()
 
 
-def _generate(engine, ids, params, stream: bool) -> dict:
+def _generate(engine, prompts, params, stream: bool) -> list[dict]:
+    from neuron_workers.params import FailedEvent
+
+    seqs = [engine.new_sequence(ids, params) for ids in prompts]
     start = time.perf_counter()
-    tokens, text, first, finish = [], [], None, None
-    for ev in engine.generate(ids, params):
-        first = first or time.perf_counter()
-        tokens.append(ev.token_id)
-        text.append(ev.text)
-        finish = ev.finish_reason
+    rows = {s.seq_id: {"tokens": [], "text": [], "first": None, "finish": None} for s in seqs}
+    for ev in engine.run_all(seqs):
+        if isinstance(ev, FailedEvent):
+            raise RuntimeError(ev.message)
+        row = rows[ev.seq_id]
+        row["first"] = row["first"] or time.perf_counter()
+        row["tokens"].append(ev.token_id)
+        row["text"].append(ev.text)
+        row["finish"] = ev.finish_reason
         if stream and ev.text:
             print(ev.text, end="", flush=True)
     end = time.perf_counter()
     if stream:
         print()
-    decode_s = end - first
-    return {"prompt_ids": ids, "token_ids": tokens, "text": "".join(text) if engine.tokenizer else None,
-            "finish_reason": finish, "ttft_s": round(first - start, 4),
+    return [_summary(engine, s.prompt_ids, rows[s.seq_id], start, end) for s in seqs]
+
+
+def _summary(engine, ids, row, start, end) -> dict:
+    tokens, decode_s = row["tokens"], end - row["first"]
+    return {"prompt_ids": ids, "token_ids": tokens, "text": "".join(row["text"]) if engine.tokenizer else None,
+            "finish_reason": row["finish"], "ttft_s": round(row["first"] - start, 4),
             "decode_tokens_per_s": round((len(tokens) - 1) / decode_s, 2) if len(tokens) > 1 and decode_s else None}
 
 
@@ -98,8 +116,9 @@ def main(argv=None) -> int:
     except OSError as e:  # unreadable files surface here
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(out))
+    if args.json or len(out) > 1:
+        for row in out:
+            print(json.dumps(row))
     return 0
 
 

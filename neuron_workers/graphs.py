@@ -4,9 +4,14 @@ They run transformers' own Gemma-4 decoder layers (no math is rewritten), and ow
 around them: embedding, the PLE projection, RoPE tables, the layer loop, the final norm and the tied LM
 head. Their only state is explicit tensors, declared in `spec.GraphSpec`:
 
-  prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, *kv
+  prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, slot, *kv
   decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv
-  returns: (logits [B, vocab] at the last real position, without the soft-cap, *kv updated)
+  returns: (logits [rows, vocab] at the last real position, without the soft-cap, *kv updated)
+
+Every KV update is a function of the old buffer (the rule the Neuron runtime needs to keep KV as device
+state, and what keeps batched rows independent): prefill writes its prompt into row `slot` with
+`index_copy` into the old buffer, decode writes each row's new K/V at that row's position with
+`torch.where` over the old buffer. Rows other than the one written stay bit-identical.
 
 The HF layers talk to the KV buffers through a duck-typed cache whose `update` is functional (no
 in-place writes, no counters): positions come from `position_ids`, so nothing freezes when traced.
@@ -19,45 +24,51 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from neuron_workers.dims import FULL, ModelDims
-from neuron_workers.spec import DECODE, PREFILL, GraphSpec
+from neuron_workers.dims import FULL, SLIDING, ModelDims
+from neuron_workers.spec import PREFILL, GraphSpec
 
 
 class PrefillKV:
-    """Prefill: attention sees the fresh K/V; full buffers get slots [0, P), rings get `ring_idx` rows."""
+    """Prefill: attention sees the fresh K/V. Row `slot` of each buffer is replaced: full buffers get the
+    prompt's K/V at positions [0, P) and zeros after, rings get the `ring_idx` positions."""
 
-    def __init__(self, dims: ModelDims, kv: list[torch.Tensor], ring_idx: torch.Tensor):
+    def __init__(self, dims: ModelDims, kv: list[torch.Tensor], ring_idx: torch.Tensor, slot: torch.Tensor):
         self.dims, self.kv, self.ring_idx = dims, kv, ring_idx
-        self.slot = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
+        self.row = slot.reshape(1).to(torch.int64)
+        self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
-        j = self.slot[layer_idx]
+        j = self.index[layer_idx]
         self.kv[j], self.kv[j + 1] = (self._store(layer_idx, x, self.kv[j + i]) for i, x in enumerate((k, v)))
         return k, v
 
     def _store(self, layer: int, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        b, h, p, d = x.shape
         if self.dims.layer_types[layer] == FULL:
-            return torch.cat([x, buf[:, :, x.shape[2]:]], dim=2)
-        b, h, _, d = x.shape
-        idx = self.ring_idx[:, None, :, None].expand(b, h, self.ring_idx.shape[1], d)
-        return torch.gather(x, 2, idx)
+            pad = buf.shape[2] - p
+            row = x if pad == 0 else torch.cat([x, x.new_zeros(b, h, pad, d)], dim=2)
+        else:
+            idx = self.ring_idx[:, None, :, None].expand(b, h, self.ring_idx.shape[1], d)
+            row = torch.gather(x, 2, idx)
+        return torch.index_copy(buf, 0, self.row, row.to(buf.dtype))  # read-modify-write of the old buffer
 
 
 class DecodeKV:
-    """Decode: write the new K/V at slot `pos` (full) or `pos % ring` (sliding); attend over the buffer."""
+    """Decode, every row at its own position: write the new K/V at `pos` (full) or `pos % ring` (sliding)
+    of that row; attend over the buffer."""
 
     def __init__(self, dims: ModelDims, kv: list[torch.Tensor], position_ids: torch.Tensor):
         self.dims, self.kv = dims, kv
-        self.slot = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
+        self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
         self.onehot = {}
         pos = position_ids[:, :1]
         for layer in dims.kv_layers:
-            n = kv[self.slot[layer]].shape[2]
+            n = kv[self.index[layer]].shape[2]
             if n not in self.onehot:
                 self.onehot[n] = (torch.arange(n, device=pos.device)[None, :] == pos % n)[:, None, :, None]
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
-        j = self.slot[layer_idx]
+        j = self.index[layer_idx]
         hot = self.onehot[self.kv[j].shape[2]]
         self.kv[j] = torch.where(hot, k, self.kv[j])
         self.kv[j + 1] = torch.where(hot, v, self.kv[j + 1])
@@ -88,7 +99,7 @@ class GemmaGraph(nn.Module):
         x = dict(zip(self.names[: self.num_fixed], inputs[: self.num_fixed]))
         kv = list(inputs[self.num_fixed:])
         if self.spec.phase == PREFILL:
-            cache = PrefillKV(self.dims, kv, x["ring_idx"])
+            cache = PrefillKV(self.dims, kv, x["ring_idx"], x["slot"])
         else:
             cache = DecodeKV(self.dims, kv, x["position_ids"])
         hidden = self._decoder(x, cache)
@@ -101,7 +112,7 @@ class GemmaGraph(nn.Module):
         h = m.embed_tokens(x["input_ids"])
         ple = m.project_per_layer_inputs(h, x["per_layer_inputs"]) if dims.ple_dim else None
         rope = {t: m.rotary_emb(h, position_ids, t) for t in self.layer_types}
-        masks = {FULL: x["mask_full"], "sliding_attention": x["mask_sliding"]}
+        masks = {FULL: x["mask_full"], SLIDING: x["mask_sliding"]}
         last = x.get("last_idx")
         shared: dict = {}
         for i, layer in enumerate(m.layers):
@@ -127,6 +138,4 @@ def _select_last(last, h, ple, rope, masks, position_ids):
 
 
 def build_graph(hf_lm: nn.Module, dims: ModelDims, spec: GraphSpec) -> GemmaGraph:
-    if spec.phase not in (PREFILL, DECODE):
-        raise ValueError(spec.phase)
     return GemmaGraph(hf_lm, dims, spec).eval()

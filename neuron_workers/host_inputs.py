@@ -47,12 +47,12 @@ def ring_index(n: int, ring: int) -> torch.Tensor:
     return torch.where(last >= 0, last, 0)
 
 
-def prefill_inputs(spec: GraphSpec, ids: list[int], ple_table, window: int) -> tuple[torch.Tensor, ...]:
-    """The non-KV inputs of a batch-1 prefill graph, in `spec` order."""
+def prefill_inputs(spec: GraphSpec, ids: list[int], ple_table, window: int, slot: int) -> tuple[torch.Tensor, ...]:
+    """The host inputs of a prefill graph: one prompt right-padded to the bucket, written into `slot`."""
     n, p = len(ids), spec.seq_len
-    id_dtype = spec.inputs[0].dtype
-    dtype = next(t.dtype for t in spec.inputs if t.name == "mask_full")
-    input_ids = torch.full((1, p), 0, dtype=id_dtype)
+    by_name = {t.name: t for t in spec.host_inputs}
+    id_dtype, dtype = by_name["input_ids"].dtype, by_name["mask_full"].dtype
+    input_ids = torch.zeros((1, p), dtype=id_dtype)
     input_ids[0, :n] = torch.tensor(ids, dtype=id_dtype)
     mask_full, mask_sliding = prefill_masks(n, p, window, dtype)
     values = {
@@ -61,46 +61,55 @@ def prefill_inputs(spec: GraphSpec, ids: list[int], ple_table, window: int) -> t
         "mask_full": mask_full,
         "mask_sliding": mask_sliding,
         "last_idx": torch.tensor([n - 1], dtype=id_dtype),
-        "ring_idx": ring_index(n, _ring(spec)).to(id_dtype)[None],
+        "ring_idx": ring_index(n, by_name["ring_idx"].shape[1]).to(id_dtype)[None],
+        "slot": torch.tensor([slot], dtype=id_dtype),
     }
     if ple_table is not None:
         values["per_layer_inputs"] = ple_table.lookup(input_ids)
-    return tuple(values[t.name] for t in spec.inputs[: len(spec.inputs) - spec.num_kv])
+    return tuple(values[t.name] for t in spec.host_inputs)
 
 
-def _ring(spec: GraphSpec) -> int:
-    return next(t.shape[1] for t in spec.inputs if t.name == "ring_idx")
-
-
-class DecodeInputs:
-    """Per-sequence decode inputs, updated in place each step (no per-step allocation of masks)."""
+class DecodeBatch:
+    """The decode graph's host inputs for all B rows, kept between steps and updated in place (no per-step
+    allocation of masks). A row is live from `start` (after its prefill) to `free`; a free row decodes a
+    pad token at position 0 with every key masked: finite values (finfo.min, never -inf), so it never
+    makes a NaN, and its KV write lands in its own row, which the next prefill into it replaces."""
 
     def __init__(self, spec: GraphSpec, ple_table):
         self.spec, self.ple = spec, ple_table
-        by_name = {t.name: t for t in spec.inputs}
-        self.id_dtype = by_name["input_ids"].dtype
-        neg = torch.finfo(by_name["mask_full"].dtype).min
-        self.mask_full = torch.full(by_name["mask_full"].shape, neg, dtype=by_name["mask_full"].dtype)
-        self.mask_sliding = torch.full(by_name["mask_sliding"].shape, neg, dtype=by_name["mask_sliding"].dtype)
+        by_name = {t.name: t for t in spec.host_inputs}
+        self.id_dtype, dtype = by_name["input_ids"].dtype, by_name["mask_full"].dtype
+        self.neg = torch.finfo(dtype).min
+        self.mask_full = torch.full(by_name["mask_full"].shape, self.neg, dtype=dtype)
+        self.mask_sliding = torch.full(by_name["mask_sliding"].shape, self.neg, dtype=dtype)
+        self.input_ids = torch.zeros(by_name["input_ids"].shape, dtype=self.id_dtype)
+        self.position_ids = torch.zeros(by_name["position_ids"].shape, dtype=self.id_dtype)
         self.ring = self.mask_sliding.shape[-1]
-        self.names = [t.name for t in spec.inputs[: len(spec.inputs) - spec.num_kv]]
+        self.names = [t.name for t in spec.host_inputs]
 
-    def start(self, n: int) -> None:
-        """After a prefill of n tokens: positions [0, n) are cached."""
-        self.mask_full.fill_(torch.finfo(self.mask_full.dtype).min)
-        self.mask_sliding.fill_(torch.finfo(self.mask_sliding.dtype).min)
-        self.mask_full[..., :n] = 0
-        self.mask_sliding[..., : min(n, self.ring)] = 0
+    def start(self, row: int, n: int) -> None:
+        """Row `row` now holds a sequence whose first n positions are cached (its prefill)."""
+        self.free(row)
+        self.mask_full[row, ..., :n] = 0
+        self.mask_sliding[row, ..., : min(n, self.ring)] = 0
 
-    def step(self, token: int, pos: int) -> tuple[torch.Tensor, ...]:
-        """Inputs to decode `token` at position `pos` (its K/V goes to slot pos / pos % ring)."""
-        if pos >= self.spec.max_context:
-            raise ContextLengthError(f"position {pos} is past the compiled context {self.spec.max_context}")
-        self.mask_full[..., pos] = 0
-        self.mask_sliding[..., pos % self.ring] = 0
-        ids = torch.tensor([[token]], dtype=self.id_dtype)
-        values = {"input_ids": ids, "position_ids": torch.tensor([[pos]], dtype=self.id_dtype),
+    def free(self, row: int) -> None:
+        self.mask_full[row] = self.neg
+        self.mask_sliding[row] = self.neg
+        self.input_ids[row] = 0
+        self.position_ids[row] = 0
+
+    def inputs(self, rows: list[tuple[int, int, int]]) -> tuple[torch.Tensor, ...]:
+        """Inputs to decode (row, token, position) for each live row; its K/V goes to slot pos / pos % ring."""
+        for row, token, pos in rows:
+            if pos >= self.spec.max_context:
+                raise ContextLengthError(f"position {pos} is past the compiled context {self.spec.max_context}")
+            self.mask_full[row, ..., pos] = 0
+            self.mask_sliding[row, ..., pos % self.ring] = 0
+            self.input_ids[row, 0] = token
+            self.position_ids[row, 0] = pos
+        values = {"input_ids": self.input_ids, "position_ids": self.position_ids,
                   "mask_full": self.mask_full, "mask_sliding": self.mask_sliding}
         if self.ple is not None:
-            values["per_layer_inputs"] = self.ple.lookup(ids)
+            values["per_layer_inputs"] = self.ple.lookup(self.input_ids)
         return tuple(values[n] for n in self.names)

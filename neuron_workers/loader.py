@@ -12,7 +12,8 @@ from neuron_workers.checkpoint import CheckpointInfo, build_text_model, read_che
 from neuron_workers.dims import ModelDims
 from neuron_workers.ple import PleTable, open_ple_table
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float64": torch.float64}  # float64: CPU only, for exactness checks
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 

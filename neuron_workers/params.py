@@ -1,4 +1,4 @@
-"""Request-level value types shared by the engine, the server and fake engines. Imports no torch."""
+"""Request-level value types: sampling parameters in, engine events out. Imports no torch."""
 
 from __future__ import annotations
 
@@ -35,6 +35,25 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
+    """One new token of sequence `seq_id`."""
+
+    seq_id: int
     token_id: int
-    text: str  # text this token completes ("" without a tokenizer or mid-character)
+    text: str  # text this token completes, after stop strings ("" without a tokenizer or mid-character)
     finish_reason: str | None  # None while generating, then "stop" or "length"
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedEvent:
+    """Sequence `seq_id` ended on an internal error (its slot is freed; other sequences carry on)."""
+
+    seq_id: int
+    message: str
+    final: bool = True
+
+
+EngineEvent = TokenEvent | FailedEvent

@@ -46,13 +46,18 @@ class TorchDistCollectives:
 
 
 class RowParallelLinear(nn.Module):
+    """Partial products all-reduced in fp32 and cast back, as NxD's RowParallelLinear (`reduce_dtype`):
+    summing bf16 partials would round twice per layer."""
+
     def __init__(self, weight: torch.Tensor, coll: Collectives):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.coll = coll
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.coll.all_reduce(nn.functional.linear(x, self.weight))
+        partial = nn.functional.linear(x, self.weight)
+        wide = torch.promote_types(partial.dtype, torch.float32)  # bf16 -> fp32; fp32 / fp64 unchanged
+        return self.coll.all_reduce(partial.to(wide)).to(partial.dtype)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -16,7 +16,7 @@ ModelDeployment = serve.deployment(ModelServer)
 def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
     res = {args.accelerator_resource: m.neuron_cores} if m.neuron_cores and args.accelerator_resource else {}
     opts = dict(name=f"Model_{m.name}", ray_actor_options={"num_cpus": 0, "resources": res},
-                max_ongoing_requests=m.max_ongoing_requests, max_queued_requests=m.max_queued_requests,
+                max_ongoing_requests=m.ongoing_limit, max_queued_requests=m.max_queued_requests,
                 graceful_shutdown_wait_loop_s=args.graceful_shutdown_wait_loop_s)
     if m.min_replicas == m.max_replicas:
         opts["num_replicas"] = m.max_replicas

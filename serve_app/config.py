@@ -27,14 +27,22 @@ class ModelSpec(BaseModel):
     dtype: str = "float32"
     cpu_mode: Literal["eager", "export", "inductor"] = "eager"
     artifacts: str | None = Field(None, description="Compiled graphs (`python -m compile build --out`)")
+    max_batch: int = Field(8, ge=1, le=256, description="Sequences a replica decodes together (KV rows; "
+                           "neuron artifacts must be built for the same number)")
+    threads: int = Field(1, ge=1, description="Torch host threads per replica (replicas share the host's CPUs)")
     engine: str = Field("serve_app.engines:build_worker_engine",
-                        description="Import path of the engine factory (tests inject a fake engine)")
+                        description="Import path of the engine factory: spec -> engine (default: the real one)")
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
     target_ongoing_requests: float = Field(2.0, gt=0)
-    max_ongoing_requests: int = Field(4, ge=1, description="Requests a replica holds at once (it runs one)")
+    max_ongoing_requests: int | None = Field(None, ge=1, description="Requests a replica holds at once, running "
+                                             "or waiting for a slot (default: 2 x max_batch)")
     max_queued_requests: int = Field(16, ge=-1, description="Waiting callers before 503; -1 = unbounded")
+
+    @property
+    def ongoing_limit(self) -> int:
+        return self.max_ongoing_requests or 2 * self.max_batch
 
     @property
     def neuron_cores(self) -> int:

@@ -10,4 +10,4 @@ def build_worker_engine(spec):
     return build_engine(WorkerConfig(
         model=spec.path, backend=spec.backend, tp=spec.tp, max_context=spec.max_context,
         prefill_buckets=tuple(spec.prefill_buckets) if spec.prefill_buckets else None, dtype=spec.dtype,
-        cpu_mode=spec.cpu_mode, artifacts=spec.artifacts))
+        cpu_mode=spec.cpu_mode, artifacts=spec.artifacts, max_batch=spec.max_batch, threads=spec.threads))

@@ -1,6 +1,7 @@
 """Per-model serving metrics, exported by Ray's metrics agent in Prometheus format (names get a `ray_`
 prefix, counters a `_total` suffix; every series is tagged with application, deployment, replica and model).
-Names follow vLLM's: time to first token, inter-token latency, queue time, tokens, finished requests."""
+Names follow vLLM's: time to first token, inter-token latency, queue time, tokens, finished requests,
+running / waiting sequences and the batch occupancy of each decode step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import time
 from ray.serve import metrics
 
 MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000]
+OCCUPANCY_BUCKETS = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
+GAUGE_PERIOD_S = 0.25  # gauges are set at most this often from the engine thread
 
 
 class ServerMetrics:
@@ -24,29 +27,47 @@ class ServerMetrics:
         self.generation_tokens = metrics.Counter("gemma4_generation_tokens", "Tokens generated", tag)
         self.finished = metrics.Counter("gemma4_request_finished", "Requests by finish reason",
                                         ("model", "finished_reason"))
-        for m in (self.ttft, self.itl, self.queue, self.prompt_tokens, self.generation_tokens):
+        self.running = metrics.Gauge("gemma4_num_requests_running", "Sequences holding a batch slot", tag)
+        self.waiting = metrics.Gauge("gemma4_num_requests_waiting", "Sequences waiting for a slot", tag)
+        self.occupancy = metrics.Histogram("gemma4_batch_occupancy", "Share of the batch slots each decode step "
+                                           "used", OCCUPANCY_BUCKETS, tag)
+        for m in (self.ttft, self.itl, self.queue, self.prompt_tokens, self.generation_tokens, self.running,
+                  self.waiting, self.occupancy):
             m.set_default_tags(dict(self.tags))  # Ray adds its own tags to the dict it is given
+        self._gauges_at = 0.0
 
-    def request(self, prompt_tokens: int) -> "RequestTimer":
-        self.prompt_tokens.inc(prompt_tokens)
+    def request(self) -> "RequestTimer":
         return RequestTimer(self)
+
+    def step(self, stats) -> None:
+        """Called by the engine thread after every step (an `engine_loop.StepStats`)."""
+        if stats.decoded:
+            self.occupancy.observe(stats.decoded / stats.max_batch)
+        now = time.perf_counter()
+        if now - self._gauges_at >= GAUGE_PERIOD_S or not (stats.running or stats.waiting):
+            self._gauges_at = now
+            self.running.set(stats.running)
+            self.waiting.set(stats.waiting)
 
     def finish(self, reason: str) -> None:
         self.finished.inc(1, {"model": self.tags["model"], "finished_reason": reason})
 
 
 class RequestTimer:
+    """Times one request from its arrival at the replica (perf_counter clock, as the engine's)."""
+
     def __init__(self, m: ServerMetrics):
         self.m, self.arrived, self.last = m, time.perf_counter(), None
 
-    def started(self) -> None:
-        self.m.queue.observe((time.perf_counter() - self.arrived) * 1e3)
+    def prompt(self, tokens: int) -> None:
+        self.m.prompt_tokens.inc(tokens)
 
-    def token(self) -> None:
-        now = time.perf_counter()
+    def token(self, at: float, admitted_at: float | None) -> None:
+        """A token emitted by the engine at `at`; the first one also records the time spent waiting."""
         if self.last is None:
-            self.m.ttft.observe((now - self.arrived) * 1e3)
+            self.m.ttft.observe((at - self.arrived) * 1e3)
+            self.m.queue.observe(((admitted_at or at) - self.arrived) * 1e3)
         else:
-            self.m.itl.observe((now - self.last) * 1e3)
-        self.last = now
+            self.m.itl.observe((at - self.last) * 1e3)
+        self.last = at
         self.m.generation_tokens.inc()

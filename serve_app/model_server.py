@@ -2,13 +2,15 @@
 
 A replica pins its NeuronCores (Ray sets NEURON_RT_VISIBLE_CORES for the `neuron_cores` it asked for;
 we check it is a contiguous set of exactly tp cores), builds its engine through an injected factory, and
-runs the host side (tokenization, PLE lookup, the decode loop, detokenization, stop strings) itself.
+runs the host side itself: tokenization (on a worker thread, off the event loop and off the engine
+thread), and the engine's continuous-batching loop on its one engine thread (`EngineLoop`).
 
-`generate` is an async generator of event dicts. Each blocking engine step runs on the replica's single
-engine thread, so a client that disconnects cancels the request at its next step: the engine generator
-is then closed on that same thread, after the step in flight, and no more decode steps are spent on it.
-Requests run one at a time (the engine holds one sequence's KV cache); others wait on a lock, counted by
-Serve against `max_ongoing_requests`, beyond which `max_queued_requests` turns callers away with 503.
+`generate` is an async generator of `serve_app.events` values. Each request becomes a sequence in the
+engine's scheduler; its events come back through an asyncio queue. A stream yields coalesced `Delta`s
+(every token that arrived since the last yield), a non-stream only `Started` and `Finished`. A client
+that disconnects cancels the request: its sequence leaves the batch (or the waiting queue) at the next
+step boundary. Serve's `max_ongoing_requests` bounds the requests a replica holds (running + waiting in
+the engine); beyond `max_queued_requests` callers are turned away with 503.
 """
 
 from __future__ import annotations
@@ -17,16 +19,16 @@ import asyncio
 import importlib
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import time
 
-from neuron_workers.errors import UserError
-from neuron_workers.params import SamplingParams
+from neuron_workers.engine_loop import EngineLoop
+from neuron_workers.errors import ContextLengthError, UserError
+from neuron_workers.params import FailedEvent, SamplingParams
 from serve_app.config import ModelSpec
+from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.metrics import ServerMetrics
-from serve_app.stops import StopStrings
 
 log = logging.getLogger("ray.serve")
-_DONE = object()
 
 
 def import_attr(path: str):
@@ -52,87 +54,106 @@ def check_visible_cores(spec: ModelSpec, env: dict | None = None) -> list[int]:
     return cores
 
 
-def _next(it):
-    return next(it, _DONE)
-
-
 class ModelServer:
     def __init__(self, spec: dict):
         self.spec = ModelSpec(**spec)
         self.cores = check_visible_cores(self.spec)
         self.engine = import_attr(self.spec.engine)(self.spec)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"engine-{self.spec.name}")
-        self.lock = asyncio.Lock()
-        self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "decode_steps": 0, "active": 0}
+        self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
         self.metrics = ServerMetrics(self.spec.name)
-        log.info("model %s ready (backend %s, tp %d, cores %s, context %d)", self.spec.name, self.spec.backend,
-                 self.spec.tp, self.cores, self.engine.max_context)
+        self.loop = EngineLoop(self.engine, name=f"engine-{self.spec.name}", on_step=self.metrics.step)
+        log.info("model %s ready (backend %s, tp %d, cores %s, context %d, max_batch %d)", self.spec.name,
+                 self.spec.backend, self.spec.tp, self.cores, self.engine.max_context, self.engine.max_batch)
 
     async def ready(self) -> dict:
-        return {"name": self.spec.name, "max_context": self.engine.max_context, "cores": self.cores}
+        return {"name": self.spec.name, "max_context": self.engine.max_context, "cores": self.cores,
+                "max_batch": self.engine.max_batch}
 
     async def get_stats(self) -> dict:
-        return dict(self.stats)
+        return {**self.stats, "engine_steps": self.loop.steps}
 
-    def _prepare(self, req: dict) -> tuple[list[int], SamplingParams, list[str]]:
+    def check_health(self) -> None:
+        """Serve's health probe: a replica whose engine thread died cannot serve."""
+        if not self.loop.thread.is_alive():
+            raise RuntimeError(f"the engine thread of {self.spec.name} has stopped")
+
+    def _prepare(self, req: GenerateRequest):
+        """Tokenize and validate (runs on a worker thread); returns a sequence ready for the engine."""
         eng = self.engine
-        if req["kind"] == "chat":
-            ids = eng.encode_chat(req["messages"])
-        elif isinstance(req["prompt"], str):
-            ids = eng.encode(req["prompt"])
+        if req.kind == "chat":
+            self._check_text_length(sum(len(m.get("content", "")) for m in req.messages), "messages")
+            ids = eng.encode_chat(list(req.messages))
+        elif isinstance(req.prompt, str):
+            self._check_text_length(len(req.prompt), "prompt")
+            ids = eng.encode(req.prompt)
         else:
-            ids = list(req["prompt"])
-        max_tokens = req.get("max_tokens") or max(eng.max_context - len(ids), 1)
-        eng.validate(ids, max_tokens)
-        sampling = {**eng.sampling_defaults, **req.get("sampling", {})}
-        params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=bool(req.get("ignore_eos")), **sampling)
-        return ids, params, list(req.get("stop") or [])
+            ids = list(req.prompt)
+        max_tokens = req.max_tokens or max(eng.max_context - len(ids), 1)
+        sampling = {**eng.sampling_defaults, **dict(req.sampling)}
+        params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
+        return eng.new_sequence(ids, params, list(req.stop))
 
-    async def generate(self, req: dict):
-        """Events: start (prompt_tokens) | error | delta (text, token_ids) ... | end (finish_reason, usage)."""
+    def _check_text_length(self, chars: int, param: str) -> None:
+        """Refuse, without tokenizing it, a text that cannot fit: no token is longer than
+        `max_token_chars`, so it has at least chars / max_token_chars tokens."""
+        at_least = chars // max(self.engine.max_token_chars, 1)
+        if at_least > self.engine.max_context:
+            raise ContextLengthError(f"this model's context is {self.engine.max_context} tokens; the {param} has "
+                                     f"{chars} characters, at least {at_least} tokens", param=param)
+
+    async def generate(self, req: GenerateRequest):
         self.stats["requests"] += 1
-        try:
-            ids, params, stops = self._prepare(req)
-        except UserError as e:
-            self.metrics.finish("error")
-            yield {"type": "error", "status": 400, "message": str(e), "code": e.code, "param": e.param}
-            return
-        timer = self.metrics.request(len(ids))
-        yield {"type": "start", "prompt_tokens": len(ids)}
-        async with self.lock:
-            timer.started()
-            async for event in self._run(ids, params, StopStrings(stops), timer):
-                yield event
-
-    async def _run(self, ids, params, stops: StopStrings, timer):
-        loop = asyncio.get_running_loop()
-        it = self.engine.generate(ids, params)
-        n, finish = 0, None
         self.stats["active"] += 1
+        timer = self.metrics.request()
+        outcome = "abort"  # what the metrics record if the caller goes away first
         try:
-            while finish is None:
-                ev = await loop.run_in_executor(self.pool, _next, it)
-                if ev is _DONE:
-                    break
-                n += 1
-                self.stats["decode_steps"] += 1
-                timer.token()
-                text = stops.feed(ev.text)
-                finish = "stop" if stops.hit else ev.finish_reason
-                if finish and not stops.hit:
-                    text += stops.flush()
-                yield {"type": "delta", "text": text, "token_ids": [ev.token_id]}
-            self.stats["completed"] += 1
-            self.metrics.finish(finish or "stop")
-            yield {"type": "end", "finish_reason": finish or "stop", "prompt_tokens": len(ids),
-                   "completion_tokens": n}
-        except asyncio.CancelledError:
-            self.stats["cancelled"] += 1
-            self.metrics.finish("abort")
-            raise
-        except UserError as e:
-            self.metrics.finish("error")
-            yield {"type": "error", "status": 400, "message": str(e), "code": e.code, "param": e.param}
+            try:
+                seq = await asyncio.to_thread(self._prepare, req)
+            except UserError as e:
+                outcome = "error"
+                yield Failed(400, str(e), e.code, e.param)
+                return
+            async for ev in self._run(seq, req.stream, timer):
+                if isinstance(ev, (Finished, Failed)):
+                    outcome = ev.finish_reason if isinstance(ev, Finished) else "error"
+                yield ev
         finally:
             self.stats["active"] -= 1
-            self.pool.submit(it.close)  # runs after the step in flight, on the engine thread
+            self.stats[{"abort": "cancelled", "error": "failed"}.get(outcome, "completed")] += 1
+            self.metrics.finish(outcome)
+
+    async def _run(self, seq, stream: bool, timer):
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        timer.prompt(len(seq.prompt_ids))
+        self.loop.submit(seq, lambda ev: loop.call_soon_threadsafe(events.put_nowait, (time.perf_counter(), ev)))
+        yield Started(len(seq.prompt_ids))
+        text, ids, n = [], [], 0
+        try:
+            while True:
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                for at, ev in batch:
+                    if isinstance(ev, FailedEvent):
+                        yield Failed(500, f"generation failed: {ev.message}", "internal_error", type="server_error")
+                        return
+                    timer.token(at, seq.admitted_at)
+                    n += 1
+                    text.append(ev.text)
+                    ids.append(ev.token_id)
+                final = batch[-1][1]
+                if stream and (ids or final.final):
+                    yield Delta("".join(text), tuple(ids))
+                    text, ids = [], []
+                if final.final:
+                    yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text))
+                    return
+        except asyncio.CancelledError:  # the caller went away: free the slot at the next step
+            self.loop.cancel(seq.seq_id)
+            raise
+
+    def __del__(self):
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.close(timeout=1.0)
+            self.engine.close()

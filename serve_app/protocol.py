@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from serve_app.events import GenerateRequest
+
 MAX_STOP = 4
 
 
@@ -78,10 +80,12 @@ class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
-    def payload(self) -> dict:
-        msgs = [{"role": "assistant" if m.role == "model" else m.role, "content": m.text()} for m in self.messages]
-        return {"kind": "chat", "messages": msgs, "max_tokens": self.max_completion_tokens or self.max_tokens,
-                "stop": self.stop, "sampling": self.sampling(), "ignore_eos": self.ignore_eos}
+    def payload(self) -> GenerateRequest:
+        msgs = tuple({"role": "assistant" if m.role == "model" else m.role, "content": m.text()}
+                     for m in self.messages)
+        return GenerateRequest("chat", messages=msgs, max_tokens=self.max_completion_tokens or self.max_tokens,
+                               stop=tuple(self.stop), sampling=tuple(self.sampling().items()),
+                               ignore_eos=self.ignore_eos, stream=self.stream)
 
 
 class CompletionRequest(SamplingFields):
@@ -100,9 +104,11 @@ class CompletionRequest(SamplingFields):
                 return v[0]
         return v
 
-    def payload(self) -> dict:
-        return {"kind": "completion", "prompt": self.prompt, "max_tokens": self.max_tokens, "stop": self.stop,
-                "sampling": self.sampling(), "ignore_eos": self.ignore_eos}
+    def payload(self) -> GenerateRequest:
+        prompt = self.prompt if isinstance(self.prompt, str) else tuple(self.prompt)
+        return GenerateRequest("completion", prompt=prompt, max_tokens=self.max_tokens, stop=tuple(self.stop),
+                               sampling=tuple(self.sampling().items()), ignore_eos=self.ignore_eos,
+                               stream=self.stream)
 
 
 # --- responses --------------------------------------------------------------------------------------

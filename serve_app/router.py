@@ -17,14 +17,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app import protocol as P
+from serve_app.events import Delta, Failed, Finished
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
 READY_TIMEOUT_S = 5.0
+RETRY = {"Retry-After": "1"}
+REPLICA_GONE = (RayActorError, ActorUnavailableError)  # the replica died or restarts: retryable
 
 
 def error(status: int, message: str, type_: str = "invalid_request_error", param=None, code=None, headers=None):
@@ -105,52 +109,68 @@ class Router:
             first = await gen.__anext__()
         except BackPressureError:
             return error(503, f"model `{body.model}` is at capacity; retry later", "server_error",
-                         code="overloaded", headers={"Retry-After": "1"})
-        if first["type"] == "error":
-            param = "messages" if chat and first.get("param") == "prompt" else first.get("param")
-            return error(first["status"], first["message"], param=param, code=first.get("code"))
+                         code="overloaded", headers=RETRY)
+        except REPLICA_GONE as e:
+            return replica_gone(body.model, e)
+        if isinstance(first, Failed):
+            param = "messages" if chat and first.param == "prompt" else first.param
+            return error(first.status, first.message, first.type, param=param, code=first.code)
         rid = P.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._stream(gen, first, rid, body.model, chat, include_usage),
+            return StreamingResponse(self._stream(gen, rid, body.model, chat, include_usage),
                                      media_type="text/event-stream")
-        return await self._collect(gen, first, rid, body.model, chat)
+        return await self._collect(gen, rid, body.model, chat)
 
-    async def _collect(self, gen, first, rid, model, chat):
-        text, end = [], None
+    async def _collect(self, gen, rid, model, chat):
         try:
             async for ev in gen:
-                if ev["type"] == "delta":
-                    text.append(ev["text"])
-                elif ev["type"] == "end":
-                    end = ev
-                elif ev["type"] == "error":
-                    return error(ev["status"], ev["message"], param=ev.get("param"), code=ev.get("code"))
+                if isinstance(ev, Failed):
+                    return error(ev.status, ev.message, ev.type, param=ev.param, code=ev.code)
+                if isinstance(ev, Finished):
+                    build = P.chat_response if chat else P.completion_response
+                    return build(rid, model, ev.text, ev.finish_reason, ev.prompt_tokens, ev.completion_tokens)
         except asyncio.CancelledError:
             gen.cancel()
             raise
-        build = P.chat_response if chat else P.completion_response
-        return build(rid, model, "".join(text), end["finish_reason"], first["prompt_tokens"],
-                     end["completion_tokens"])
+        except REPLICA_GONE as e:
+            return replica_gone(model, e)
+        raise RuntimeError("the replica ended the request without a result")
 
-    async def _stream(self, gen, first, rid, model, chat, include_usage):
+    async def _stream(self, gen, rid, model, chat, include_usage):
+        """SSE chunks. Any failure after the 200 went out is one `data: {"error": ...}` event and then
+        `data: [DONE]`: a stream never just stops."""
         try:
             if chat:
                 yield sse(P.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
             async for ev in gen:
-                if ev["type"] == "delta" and ev["text"]:
-                    yield sse(P.chat_chunk(rid, model, {"content": ev["text"]}, None) if chat
-                              else P.completion_chunk(rid, model, ev["text"], None))
-                elif ev["type"] == "end":
-                    yield sse(P.chat_chunk(rid, model, {}, ev["finish_reason"]) if chat
-                              else P.completion_chunk(rid, model, "", ev["finish_reason"]))
+                if isinstance(ev, Delta) and ev.text:
+                    yield sse(P.chat_chunk(rid, model, {"content": ev.text}, None) if chat
+                              else P.completion_chunk(rid, model, ev.text, None))
+                elif isinstance(ev, Finished):
+                    yield sse(P.chat_chunk(rid, model, {}, ev.finish_reason) if chat
+                              else P.completion_chunk(rid, model, "", ev.finish_reason))
                     if include_usage:
                         yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                    "model": model, "choices": [],
-                                   "usage": P.usage(first["prompt_tokens"], ev["completion_tokens"])})
-                elif ev["type"] == "error":
-                    yield sse(P.error_body(ev["message"], param=ev.get("param"), code=ev.get("code")))
-            yield sse("[DONE]")
+                                   "usage": P.usage(ev.prompt_tokens, ev.completion_tokens)})
+                elif isinstance(ev, Failed):
+                    yield sse(P.error_body(ev.message, ev.type, ev.param, ev.code))
+                    break
         except asyncio.CancelledError:  # the client went away: stop the replica's generation
             gen.cancel()
             raise
+        except REPLICA_GONE as e:
+            log.warning("replica of %s died mid-stream: %s", model, e)
+            yield sse(P.error_body(f"the replica serving `{model}` stopped; retry the request", "server_error",
+                                   code="replica_unavailable"))
+        except Exception as e:  # ours, never the user's: log it, tell the client in shape
+            log.exception("stream failed: %s", e)
+            yield sse(P.error_body(f"internal error: {type(e).__name__}", "server_error", code="internal_error"))
+        yield sse("[DONE]")
+
+
+def replica_gone(model: str, e: Exception) -> JSONResponse:
+    log.warning("replica of %s unavailable: %s", model, e)
+    return error(503, f"the replica serving `{model}` stopped; retry the request", "server_error",
+                 code="replica_unavailable", headers=RETRY)

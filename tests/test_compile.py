@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import neuron_double
 from compile.__main__ import main as compile_main
 from compile.build import build
-from compile.manifest import Manifest
+from neuron_workers.manifest import Manifest
 from neuron_workers.generate import main as generate_main
 from neuron_workers.loader import load_model
 from neuron_workers.shard_plan import plan_for
@@ -25,23 +25,27 @@ def kv_buffers(model):
     return {n: b for n, b in model.named_buffers() if n.startswith(KV)}
 
 
+@pytest.mark.slow
 def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
     with neuron_double.installed() as calls:
-        m = build(str(tiny_dirs["gemma4-e2b-tiny"]), "neuron", 1, 1, 64, [16, 32], "bfloat16", str(tmp_path / "a"),
-                  progress=lambda s: None)
+        m = build(str(tiny_dirs["gemma4-e2b-tiny"]), "neuron", 1, 3, 64, [16, 32], "bfloat16", str(tmp_path / "a"),
+                  progress=lambda s: None, jobs=2)
         builder_model = neuron_double.SAVED[str(tmp_path / "a" / "nxd_model.pt")].module
     traces = [c for c in calls if c[0] == "trace"]
     assert [t[1] for t in traces] == ["prefill_16", "prefill_32", "decode"]  # one call per bucket, then decode
-    for _, tag, inputs, logits_shape, replaced in traces:
-        s = 16 if tag == "prefill_16" else 32 if tag == "prefill_32" else 1
+    for _, tag, inputs, written in traces:
         dtypes = [d for _, d in inputs]
-        assert dtypes == [torch.int32, torch.int32, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int32,
-                          torch.int32]  # ids, positions, per_layer_inputs, mask_full, mask_sliding, last, ring
-        assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8)
-        assert logits_shape == (1, 512) and replaced  # every KV buffer replaced out of place: aliased state
+        if tag == "decode":  # ids, positions, per_layer_inputs, mask_full, mask_sliding: 3 rows
+            assert dtypes == [torch.int32, torch.int32, torch.bfloat16, torch.bfloat16, torch.bfloat16]
+            assert inputs[0][0] == (3, 1) and inputs[2][0] == (3, 1, 10, 8) and inputs[3][0] == (3, 1, 1, 64)
+        else:  # one prompt, + last_idx, ring_idx, slot
+            s = int(tag.split("_")[1])
+            assert dtypes == [torch.int32, torch.int32] + [torch.bfloat16] * 3 + [torch.int32] * 3
+            assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8)
+        assert all(written.values())  # every KV buffer replaced (the double checked each read its old value)
     compile_call = next(c for c in calls if c[0] == "compile")
-    flags = compile_call[1]
-    assert set(flags) == {"prefill_16", "prefill_32", "decode"}
+    flags, jobs = compile_call[1], compile_call[3]
+    assert set(flags) == {"prefill_16", "prefill_32", "decode"} and jobs == 2
     for tag, f in flags.items():
         for flag in ("--model-type=transformer", "--auto-cast=none", "--target inf2"):
             assert flag in f
@@ -49,25 +53,29 @@ def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
     dims = load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False).dims
     bufs = kv_buffers(builder_model)
     assert len(bufs) == 2 * len(dims.kv_layers) and all(b.dtype == torch.bfloat16 for b in bufs.values())
-    assert {b.shape[2] for b in bufs.values()} == {64, 8}  # full: max context, sliding: the window ring
+    assert {b.shape[2] for b in bufs.values()} == {64, 8} and {b.shape[0] for b in bufs.values()} == {3}
     assert all(p.dtype == torch.bfloat16 for p in builder_model.parameters() if p.is_floating_point())
-    assert m.backend == "neuron" and m.compiler_flags == flags
+    assert m.backend == "neuron" and m.compiler_flags == flags and m.max_batch == 3
+    saved = load_file(str(tmp_path / "a" / "weights" / "tp0.safetensors"))
+    assert "lm.model.rotary_emb.full_attention_inv_freq" in saved  # non-persistent buffers the trace reads
+    tied = [k for k in ("lm.lm_head.weight", "lm.model.embed_tokens.weight") if k in saved]
+    assert tied and all(torch.equal(saved[k], saved[tied[0]]) for k in tied)  # the names the trace took
     assert ("save", str(tmp_path / "a" / "nxd_model.pt")) in calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,heads", [("gemma4-12b-tiny", {8: 1, 64: 1}), ("gemma4-e4b-tiny", {8: 1, 64: 1})])
 def test_neuron_build_contract_tp2(tiny_dirs, tmp_path, name, heads):
     out = tmp_path / "b"
     with neuron_double.installed() as calls:
-        build(str(tiny_dirs[name]), "neuron", 2, 1, 64, [32], "bfloat16", str(out), progress=lambda s: None)
+        build(str(tiny_dirs[name]), "neuron", 2, 2, 64, [32], "bfloat16", str(out), progress=lambda s: None)
         model = neuron_double.SAVED[str(out / "nxd_model.pt")].module
     assert ("parallel_state", 2, 2) in calls
     for b in kv_buffers(model).values():
         assert b.shape[1] == heads[b.shape[2]]  # per-rank KV heads: split (sliding) or replicated (12B full)
     w = [load_file(str(out / "weights" / f"tp{r}.safetensors")) for r in range(2)]
-    shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith(KV)}
-    assert set(w[0]) == set(w[1]) == set(shapes)
-    assert all(w[r][k].shape == shapes[k] for r in range(2) for k in shapes)
+    shapes = dict(model.state_dict())
+    assert set(w[0]) == set(w[1]) and all(w[r][k].shape == shapes[k].shape for r in range(2) for k in w[0])
     assert int(w[0]["lm.model.embed_tokens.vocab_start"]) == 0 and int(w[1]["lm.model.embed_tokens.vocab_start"]) == 256
     q = "lm.model.layers.0.self_attn.q_proj.weight"
     norm = "lm.model.layers.0.input_layernorm.weight"
@@ -76,21 +84,24 @@ def test_neuron_build_contract_tp2(tiny_dirs, tmp_path, name, heads):
     assert torch.equal(torch.cat([w[0][q], w[1][q]]), full["model.layers.0.self_attn.q_proj.weight"])
 
 
+@pytest.mark.slow
 def test_neuron_pipeline_end_to_end_with_the_double(tiny_dirs, tmp_path, capsys):
     """build -> manifest -> NeuronBackend load/warm-up/forward (the double runs the traced module on CPU)
-    gives the tokens of the CPU engine in the same dtype."""
+    gives the tokens of the CPU engine in the same dtype, for two prompts decoded together."""
     d, out = tiny_dirs["gemma4-e4b-tiny"], tmp_path / "c"
-    args = ["--model", str(d), "--prompt-ids", "2,40,41,42,43,44,45,46,47,48,49", "--max-new-tokens", "24",
-            "--ignore-eos", "--json", "--max-context", "64"]
+    args = ["--model", str(d), "--prompt-ids", "2,40,41,42,43,44,45,46,47,48,49", "--prompt-ids", "2,7,8",
+            "--max-new-tokens", "24", "--ignore-eos", "--json", "--max-context", "64", "--max-batch", "2"]
     with neuron_double.installed() as calls:
         assert compile_main(["build", "--model", str(d), "--tp", "1", "--max-context", "64", "--prefill-buckets",
-                             "16,32", "--out", str(out)]) == 0
+                             "16,32", "--batch", "2", "--out", str(out)]) == 0
         assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out)]) == 0
-        neuron = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        neuron = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()[-2:]]
+        assert generate_main(args[:-2] + ["--max-batch", "3", "--backend", "neuron", "--artifacts", str(out)]) == 2
+        assert "max_batch=2" in capsys.readouterr().err  # built for 2 rows: refuses to serve 3
     assert ("to_neuron",) in calls and ("forward", "decode") in calls
     assert generate_main(args + ["--dtype", "bfloat16"]) == 0
-    cpu = json.loads(capsys.readouterr().out)
-    assert neuron["token_ids"] == cpu["token_ids"] and len(cpu["token_ids"]) == 24
+    cpu = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [r["token_ids"] for r in neuron] == [r["token_ids"] for r in cpu] and len(cpu[0]["token_ids"]) == 24
 
 
 def test_neuron_without_sdk_says_what_to_install(tiny_dirs, tmp_path, capsys):
@@ -100,6 +111,7 @@ def test_neuron_without_sdk_says_what_to_install(tiny_dirs, tmp_path, capsys):
     assert not (tmp_path / "n").exists()
 
 
+@pytest.mark.slow
 def test_cpu_build_load_generate_and_manifest_checks(tiny_dirs, tmp_path, capsys):
     d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "cpu"
     assert compile_main(["build", "--model", str(d), "--backend", "cpu", "--max-context", "64",
@@ -107,7 +119,7 @@ def test_cpu_build_load_generate_and_manifest_checks(tiny_dirs, tmp_path, capsys
     progress = capsys.readouterr().out
     assert "[1/2] exporting prefill_32" in progress and "[2/2] decode done" in progress
     m = Manifest.read(out)
-    assert (m.tp, m.batch, m.max_context, m.prefill_buckets, m.dtype) == (1, 1, 64, [32], "float32")
+    assert (m.tp, m.max_batch, m.max_context, m.prefill_buckets, m.dtype) == (1, 1, 64, [32], "float32")
     from importlib import metadata
 
     assert m.versions == {"torch": metadata.version("torch"), "transformers": metadata.version("transformers")}

@@ -19,7 +19,7 @@ class FakeBackend:
     """Logits that favour `script[i]` at step i; records the positions it was asked to decode."""
 
     def __init__(self, script, max_context=32, buckets=(8, 32)):
-        self.script, self.max_context, self.buckets = list(script), max_context, buckets
+        self.script, self.max_context, self.buckets, self.max_batch = list(script), max_context, buckets, 1
         self.calls, self.positions = [], []
 
     def spec(self, phase, bucket=1):
@@ -59,6 +59,7 @@ class FakeModel:
 
     class info:
         model_dir = "fake"
+        sampling_defaults = {}
 
 
 def run(script, n=10, **kw):
@@ -196,3 +197,95 @@ def test_sampling_follows_the_distribution_and_top_p_cuts_the_tail():
     for _ in range(4000):  # top_p 0.6 keeps the two tokens whose mass first reaches 0.6: 5:3
         counts[sample(logits, SamplingParams(temperature=1.0, top_p=0.6), None, g)] += 1
     assert counts[2] == 0 and abs(counts[0] / counts[:2].sum() - 0.625) < 0.03
+
+
+# --- continuous batching pieces, without a model ---------------------------------------------------------
+
+def seq_of(n_prompt, seq_id=None):
+    from neuron_workers.sequence import Sequence
+    from neuron_workers.stops import StopStrings
+
+    s = Sequence(list(range(n_prompt)), SamplingParams(max_new_tokens=4), frozenset(), None, None, StopStrings([]))
+    return s
+
+
+def test_scheduler_fifo_slots_budget_and_reuse():
+    from neuron_workers.scheduler import Scheduler
+    from neuron_workers.sequence import Status
+
+    sch = Scheduler(max_batch=2, prefill_tokens_per_step=10)
+    a, b, c, d = seq_of(8), seq_of(8), seq_of(3), seq_of(30)
+    for s in (a, b, c, d):
+        sch.add(s)
+    assert sch.admit() == [a]  # b would pass the 10-token budget: next step
+    assert sch.admit() == [b] and (a.slot, b.slot) == (0, 1)
+    assert sch.admit() == []  # no free slot: c waits
+    sch.finish(a)
+    assert a.status is Status.FINISHED and sch.free_slots == [0]
+    assert sch.admit() == [c] and c.slot == 0  # the freed slot is reused
+    sch.finish(b)
+    sch.finish(c)
+    assert sch.admit() == [d]  # a prompt over the budget still gets in alone: never starved
+    assert sch.cancel(d.seq_id) is d and d.finish_reason == "abort" and sch.free_slots == [0, 1]
+    assert sch.cancel(12345) is None and not sch.has_work
+
+
+def test_cancel_waiting_sequence_never_touches_a_slot():
+    from neuron_workers.scheduler import Scheduler
+
+    sch = Scheduler(max_batch=1, prefill_tokens_per_step=100)
+    a, b = seq_of(4), seq_of(4)
+    sch.add(a)
+    sch.add(b)
+    sch.admit()
+    assert sch.cancel(b.seq_id) is b and b.slot is None and list(sch.running.values()) == [a]
+
+
+def test_sample_rows_is_per_row_and_matches_single_row_sampling():
+    """Mixed greedy and sampled rows in one call: each row's token equals sampling that row alone with a
+    generator in the same state, whatever else shares the call."""
+    from neuron_workers.sampling import make_generator, sample_rows
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 262_144, generator=g).to(torch.bfloat16)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=64, top_p=0.95, seed=1),
+              SamplingParams(temperature=0.7, top_k=64, top_p=0.5, seed=2), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.3, top_k=8, seed=4), SamplingParams(temperature=0.9, seed=5)]
+    for trial in range(3):
+        gens = [None if p.greedy else make_generator(p.seed + trial) for p in params]
+        together = sample_rows(logits, [(r, p, g) for r, (p, g) in enumerate(zip(params, gens))], 30.0)
+        alone = []
+        for r, p in enumerate(params):
+            g1 = None if p.greedy else make_generator(p.seed + trial)
+            alone.append(sample_rows(logits, [(r, p, g1)], 30.0)[0])
+        assert together == alone
+    assert together[0] == int(logits[0].float().argmax()) and together[3] == int(logits[3].float().argmax())
+
+
+def test_batched_argmax_and_topk_equal_torch():
+    from neuron_workers.sampling import batched_argmax, batched_topk
+
+    z = torch.randn(5, 262_144, generator=torch.Generator().manual_seed(1))
+    z[2, [5, 90_000]] = 50.0  # a tie: the first index wins
+    assert torch.equal(batched_argmax(z), z.argmax(dim=1))
+    vals, idx = batched_topk(z, 64)
+    assert torch.equal(vals, z.topk(64, dim=1).values) and torch.equal(z.gather(1, idx), vals)
+
+
+def test_stop_string_ends_the_sequence_and_frees_its_slot():
+    """A stop string is the sequence's own business: the engine ends it (finish 'stop') the step it
+    appears, without the text of the stop string."""
+    from neuron_workers.engine import Engine
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(ord("a") + i % 26) for i in ids)
+
+    class Model(FakeModel):
+        tokenizer = Tok()
+
+    backend = FakeBackend([7, 8, 9, 10, 11, 12])  # tokens h i j k l m
+    eng = Engine(Model, backend)
+    events = list(eng.generate([5, 6, 7], SamplingParams(max_new_tokens=10), stop=["jk"]))
+    assert "".join(e.text for e in events) == "hi" and events[-1].finish_reason == "stop"
+    assert len(events) == 4 and eng.scheduler.free_slots == [0] and not eng.has_work

@@ -192,7 +192,7 @@ def test_16_concurrent_requests_across_models(tiny_app, engines):
 def test_backpressure_is_503_and_neuron_cores_are_pinned(serve_url):
     from ray import serve
 
-    fake = {"engine": "serve_app.fake_engine:FakeEngine", "engine_options": {"step_s": 0.1}}
+    fake = {"engine": "fake_engine:FakeEngine", "engine_options": {"step_s": 0.1}}
     models = [{"name": "slow", "max_ongoing_requests": 1, "max_queued_requests": 1, "path": ".", **fake},
               {"name": "pinned2", "backend": "neuron", "tp": 2, "artifacts": "unused", "path": ".", **fake},
               {"name": "pinned1", "backend": "neuron", "tp": 1, "artifacts": "unused", "path": ".", **fake}]
@@ -220,7 +220,7 @@ def test_missing_neuron_cores_are_refused_not_left_pending(serve_url):
     from serve_app.app import build_app
     from serve_app.config import AppArgs
 
-    fake = {"engine": "serve_app.fake_engine:FakeEngine", "backend": "neuron", "artifacts": "x", "path": "."}
+    fake = {"engine": "fake_engine:FakeEngine", "backend": "neuron", "artifacts": "x", "path": "."}
     args = AppArgs(models=[{"name": "a", "tp": 2, "min_replicas": 2, "max_replicas": 2, **fake},
                            {"name": "b", "tp": 2, **fake}])
     with pytest.raises(ValueError, match="need 6 `neuron_cores`.*has 4"):

@@ -21,21 +21,20 @@ CPU_MODES = ("eager", "export", "inductor")
 class CpuBackend:
     def __init__(self, hf_lm, dims: ModelDims, max_context: int, buckets: tuple[int, ...],
                  dtype: torch.dtype = torch.float32, mode: str = "eager", programs: dict | None = None,
-                 kv_heads: tuple[int, ...] | None = None):
+                 kv_heads: tuple[int, ...] | None = None, max_batch: int = 1):
         if mode not in CPU_MODES:
             raise ValueError(f"cpu mode must be one of {CPU_MODES}, got {mode!r}")
         self.hf_lm, self.dims, self.dtype, self.mode = hf_lm, dims, dtype, mode
-        self.max_context, self.buckets = max_context, tuple(sorted(buckets))
+        self.max_context, self.buckets, self.max_batch = max_context, tuple(sorted(buckets)), max_batch
         self.kv_heads = kv_heads  # a TP rank's KV heads per layer (None: unsharded)
         self._graphs: dict[str, object] = dict(programs or {})
         self._specs: dict[tuple, GraphSpec] = {}
         self.kv = [t.zeros() for t in self.spec(DECODE).kv_inputs]
-        self.last_logits: torch.Tensor | None = None  # the latest logits, for side-by-side checks
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
         key = (phase, bucket if phase == PREFILL else 1)
         if key not in self._specs:  # built once: decode asks for its spec every token
-            self._specs[key] = make_spec(self.dims, phase, 1, key[1], self.max_context, self.dtype,
+            self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
                                          kv_heads=self.kv_heads)
         return self._specs[key]
 
@@ -54,7 +53,6 @@ class CpuBackend:
     def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
         out = self.graph(spec)(*inputs, *self.kv)
         self.kv = list(out[1:])
-        self.last_logits = out[0]
         return out[0]
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:

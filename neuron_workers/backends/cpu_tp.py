@@ -2,7 +2,7 @@
 
 Each rank loads the checkpoint, shards it with `tp_modules.apply_tp` and keeps its own KV buffers
 (as each NeuronCore would). The driver (the engine's process) sends every rank the same host-built
-inputs and reads logits back from rank 0 (from all ranks when `all_logits`, for tests).
+inputs and reads the logits back from rank 0 (every rank holds the same all-gathered logits).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-from neuron_workers.spec import DECODE, GraphSpec, make_spec
+from neuron_workers.spec import DECODE, PREFILL, GraphSpec, make_spec
 
 REPLY_TIMEOUT_S = float(os.environ.get("GEMMA4_TP_TIMEOUT_S", "600"))
 
 
-def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode, cmds, replies):
+def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode, max_batch, cmds, replies):
     try:
         import torch.distributed as dist
 
@@ -34,14 +34,15 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
         model = load_model(model_dir, dtype)
         plan = plan_for(model.info.text_config, tp)
         apply_tp(model.hf_lm, plan, rank, TorchDistCollectives(tp))
-        backend = CpuBackend(model.hf_lm, model.dims, max_context, buckets, dtype, mode, kv_heads=plan.kv_heads)
+        backend = CpuBackend(model.hf_lm, model.dims, max_context, buckets, dtype, mode, kv_heads=plan.kv_heads,
+                             max_batch=max_batch)
         replies.put(("ready", rank, None))
         while True:
             cmd = cmds.get()
             if cmd[0] == "close":
                 break
             logits = backend.prefill(cmd[1], cmd[2]) if cmd[0] == "prefill" else backend.decode(cmd[2])
-            if rank == 0 or cmd[3]:
+            if rank == 0:
                 replies.put(("logits", rank, logits.clone()))
         dist.destroy_process_group()
     except Exception:  # reported to the driver, which raises it
@@ -50,21 +51,21 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
 
 class TpCpuBackend:
     def __init__(self, model_dir, dims, tp: int, max_context: int, buckets, dtype=torch.float32,
-                 mode: str = "eager", all_logits: bool = False):
+                 mode: str = "eager", max_batch: int = 1):
         from neuron_workers.loader import load_model
         from neuron_workers.shard_plan import plan_for
 
         self.dims, self.tp, self.dtype = dims, tp, dtype
-        self.max_context, self.buckets, self.all_logits = max_context, tuple(sorted(buckets)), all_logits
+        self.max_context, self.buckets, self.max_batch = max_context, tuple(sorted(buckets)), max_batch
         self.plan = plan_for(load_model(model_dir, dtype, with_weights=False).info.text_config, tp)
-        self.rank_logits: list[torch.Tensor] = []
+        self._specs: dict[tuple, GraphSpec] = {}
         ctx = mp.get_context("spawn")
         self._init_file = tempfile.NamedTemporaryFile(prefix="gemma4-tp-", delete=False).name
         os.unlink(self._init_file)
         self.replies = ctx.Queue()
         self.cmds = [ctx.Queue() for _ in range(tp)]
         self.procs = [ctx.Process(target=_rank_main, daemon=True, args=(
-            r, tp, self._init_file, str(model_dir), max_context, self.buckets, dtype, mode, self.cmds[r],
+            r, tp, self._init_file, str(model_dir), max_context, self.buckets, dtype, mode, max_batch, self.cmds[r],
             self.replies)) for r in range(tp)]
         for p in self.procs:
             p.start()
@@ -72,7 +73,11 @@ class TpCpuBackend:
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
         """The driver-side view: host inputs are the same on every rank (KV is per rank and stays there)."""
-        return make_spec(self.dims, phase, 1, bucket, self.max_context, self.dtype, kv_heads=self.plan.kv_heads)
+        key = (phase, bucket if phase == PREFILL else 1)
+        if key not in self._specs:
+            self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
+                                         kv_heads=self.plan.kv_heads)
+        return self._specs[key]
 
     def _collect(self, kind: str, n: int) -> dict[int, object]:
         got = {}
@@ -90,10 +95,8 @@ class TpCpuBackend:
 
     def _run(self, phase: str, bucket: int, inputs) -> torch.Tensor:
         for q in self.cmds:
-            q.put((phase, bucket, tuple(t.clone() for t in inputs), self.all_logits))
-        got = self._collect("logits", self.tp if self.all_logits else 1)
-        self.rank_logits = [got[r] for r in sorted(got)]
-        return got[0]
+            q.put((phase, bucket, tuple(t.clone() for t in inputs)))
+        return self._collect("logits", 1)[0]
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
         return self._run("prefill", bucket, inputs)

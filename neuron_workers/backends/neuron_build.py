@@ -1,18 +1,27 @@
-"""Building Neuron artifacts with NxD ModelBuilder V2: trace each prefill bucket and the decode step
-from one `NeuronGraphModel` (so all graphs share the device KV state), compile them with per-phase
-flags, and save the NxDModel plus each rank's weights. WRITTEN AGAINST THE DOCUMENTED APIs, NOT RUN
-ON HARDWARE HERE; tests/neuron_double.py records and checks the calls."""
+"""Building Neuron artifacts with NxD ModelBuilder V2: trace each prefill bucket and the decode step from
+one `NeuronGraphModel` (so all graphs share the device KV state), check what each trace took as weights
+and as state against what we save, compile with per-phase flags and a bound on parallel compiler jobs,
+and save the NxDModel plus each rank's weights.
+
+WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/neuron_double.py
+stands in for the SDK and enforces the rules the real one does. Compiling needs a Neuron host:
+NxDParallelState probes the platform; `--target inf2` is a neuronx-cc flag, not a cross-compile switch.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from neuron_workers.backends.neuron import (ID_DTYPE, MODEL_FILE, PHASE_FLAGS, WEIGHTS_DIR, NxdCollectives,
-                                            graph_inputs, graph_model, rank_state_dict, require_neuron)
+                                            graph_model, make_buffers_persistent, rank_state_dict, require_neuron)
+from neuron_workers.errors import UserError
 from neuron_workers.spec import DECODE, PREFILL, make_spec
 
+INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
 
-def build_neuron(loaded, tp: int, max_context: int, buckets, out_dir: Path, progress) -> dict[str, str]:
+
+def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir: Path, progress,
+                 jobs: int = 1) -> dict[str, str]:
     """Compile and save; returns the compiler flags per graph tag."""
     _, nxd = require_neuron()
     from safetensors.torch import save_file
@@ -21,26 +30,67 @@ def build_neuron(loaded, tp: int, max_context: int, buckets, out_dir: Path, prog
     from neuron_workers.tp_modules import apply_tp
 
     dims, dtype = loaded.dims, loaded.dtype
-    full = dict(loaded.hf_lm.state_dict())  # unsharded weights, already in the serving dtype
+    persistent = make_buffers_persistent(loaded.hf_lm)
+    full = dict(loaded.hf_lm.state_dict())  # unsharded weights (+ RoPE tables, embed scale), serving dtype
     plan = plan_for(loaded.info.text_config, tp)
     kv_heads = plan.kv_heads if tp > 1 else None
-    specs = [make_spec(dims, PREFILL, 1, b, max_context, dtype, ID_DTYPE, kv_heads) for b in buckets]
-    specs.append(make_spec(dims, DECODE, 1, 1, max_context, dtype, ID_DTYPE, kv_heads))
-    with nxd.NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
+    specs = [make_spec(dims, PREFILL, batch, b, max_context, dtype, ID_DTYPE, kv_heads) for b in buckets]
+    specs.append(make_spec(dims, DECODE, batch, 1, max_context, dtype, ID_DTYPE, kv_heads))
+    with nxd.NxDParallelState(world_size=tp, rank=0, tensor_model_parallel_size=tp, lnc_size=1):
         if tp > 1:
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
-        model = graph_model(loaded.hf_lm, dims, max_context, dtype, kv_heads)
+        model = graph_model(loaded.hf_lm, dims, max_context, batch, dtype, kv_heads)
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
-            builder.trace(args=tuple(t.zeros() for t in graph_inputs(spec)), tag=spec.tag)
-        flags = {spec.tag: PHASE_FLAGS[spec.phase] for spec in specs}
-        progress(f"compiling {len(specs)} graphs with neuronx-cc (minutes to tens of minutes; "
-                 f"logs in {out_dir / 'compiler_workdir'})")
-        nxd_model = builder.compile(compiler_args=flags, compiler_workdir=str(out_dir / "compiler_workdir"))
+            builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag=spec.tag)
         weights = [rank_state_dict(model, full, plan, r) for r in range(tp)]
+        traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
+        flags = {spec.tag: PHASE_FLAGS[spec.phase] for spec in specs}
+        progress(f"compiling {len(specs)} graphs with neuronx-cc, {jobs} at a time (minutes to tens of minutes "
+                 f"each; logs in {out_dir / 'compiler_workdir'}); {len(persistent)} non-persistent buffers saved")
+        nxd_model = builder.compile(compiler_args=flags, compiler_workdir=str(out_dir / "compiler_workdir"),
+                                    max_workers=jobs)
     nxd_model.save(str(out_dir / MODEL_FILE))
     (out_dir / WEIGHTS_DIR).mkdir(exist_ok=True)
     for r, w in enumerate(weights):
-        save_file({k: v.contiguous().clone() for k, v in w.items()}, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
+        kept = {k: v.contiguous().clone() for k, v in w.items() if k in traced}  # tied duplicates drop out
+        save_file(kept, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
     return flags
+
+
+def check_traces(artifacts: dict, saved: set[str], kv_names: set[str]) -> set[str]:
+    """Every weight a trace takes must be one we save, and every trace's state must be exactly the KV
+    buffers (a buffer a graph only writes is not linked as state). Returns the union of traced weights."""
+    traced: set[str] = set()
+    for tag, art in artifacts.items():
+        names = set(art.weight_name_to_idx)
+        missing = sorted(names - saved)
+        if missing:
+            raise UserError(f"graph {tag} takes weights we would not save: {missing[:5]}"
+                            f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+        state = state_names(art.metaneff)
+        if state != kv_names:
+            raise UserError(f"graph {tag}: its device state is not exactly the KV buffers (missing "
+                            f"{sorted(kv_names - state)[:4]}, extra {sorted(state - kv_names)[:4]})")
+        traced |= names
+    return traced
+
+
+def state_names(metaneff) -> set[str]:
+    """The checkpoint keys of a trace's aliased state inputs (NxDModel.add reads them the same way)."""
+    out = set()
+    for t in metaneff.input_tensors:
+        if _type_name(t) == INPUT_STATE:
+            key = t.checkpoint_key
+            out.add(key.decode() if isinstance(key, bytes) else str(key))
+    return out
+
+
+def _type_name(tensor) -> str:
+    kind = tensor.type
+    if isinstance(kind, str):
+        return kind
+    from torch_neuronx.proto import metaneff_pb2
+
+    return metaneff_pb2.MetaTensor.Type.Name(kind)

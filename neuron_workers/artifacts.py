@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.manifest import Manifest
 from neuron_workers.engine import Engine
 from neuron_workers.errors import UserError
 from neuron_workers.loader import DTYPES, load_model
+from neuron_workers.manifest import Manifest
 
 
 def load_engine_from_artifacts(cfg) -> Engine:
@@ -17,7 +17,7 @@ def load_engine_from_artifacts(cfg) -> Engine:
         raise UserError(f"artifacts in {cfg.artifacts} were built for the {manifest.backend} backend, "
                         f"not {cfg.backend}")
     loaded = load_model(cfg.model, DTYPES[manifest.dtype], with_weights=manifest.backend == "cpu")
-    manifest.check(loaded.info.text_config, tp=cfg.tp, max_context=cfg.max_context,
+    manifest.check(loaded.info.text_config, tp=cfg.tp, max_context=cfg.max_context, max_batch=cfg.max_batch,
                    prefill_buckets=list(cfg.prefill_buckets) if cfg.prefill_buckets else None)
     art = Path(cfg.artifacts)
     if manifest.backend == "cpu":
@@ -27,7 +27,7 @@ def load_engine_from_artifacts(cfg) -> Engine:
 
         programs = {tag: torch.export.load(str(art / f)).module() for tag, f in manifest.graphs.items()}
         backend = CpuBackend(loaded.hf_lm, loaded.dims, manifest.max_context, tuple(manifest.prefill_buckets),
-                             DTYPES[manifest.dtype], programs=programs)
+                             DTYPES[manifest.dtype], programs=programs, max_batch=manifest.max_batch)
     else:
         from neuron_workers.backends.neuron import NeuronBackend
         from neuron_workers.shard_plan import plan_for

@@ -1,6 +1,6 @@
 """The artifact manifest: every field that shapes a compiled graph, plus the library versions it was
-built with. Serving refuses artifacts whose manifest does not match its checkpoint config or the
-installed versions, naming the field."""
+built with. `compile build` writes it; serving (runtime work, so it lives here) refuses artifacts whose
+manifest does not match its checkpoint config, its settings or the installed versions, naming the field."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 from neuron_workers.errors import UserError
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2
 VERSIONED = {"cpu": ("torch", "transformers"),
-             "neuron": ("torch", "transformers", "torch-neuronx", "neuronx-cc", "neuronx-distributed")}
+             "neuron": ("torch", "transformers", "torch-neuronx", "neuronx-cc", "neuronx-distributed",
+                        "libneuronxla", "torch-xla")}
 
 
 def config_hash(text_config) -> str:
@@ -42,7 +43,7 @@ class Manifest:
     config_hash: str
     model_type: str
     tp: int
-    batch: int
+    max_batch: int
     max_context: int
     prefill_buckets: list[int]
     dtype: str

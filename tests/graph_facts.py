@@ -1,0 +1,60 @@
+"""What a traced graph does with its state and weights, read off a torch.export of the module that the
+Neuron build traces: for each KV buffer, whether the graph reads it, replaces it, and computes the new
+value from the old one (the rule for device state); and the names of the other tensors it reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class KvUse:
+    read: bool  # the graph reads the old buffer
+    written: bool  # the graph replaces it
+    from_old: bool  # the new value is a function of the old one
+
+
+class _Outputs(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, *args):
+        return (self.m(*args), *(getattr(self.m, n) for n in self.m.kv_names))
+
+
+def trace_facts(module, args) -> tuple[dict[str, KvUse], list[str]]:
+    """Export module(*args) and read off (per KV buffer: read / written / from its old value) and the names
+    of the other tensors the forward reads (its weights, as a trace sees them)."""
+    saved = {n: getattr(module, n) for n in module.kv_names}
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(_Outputs(module), args, strict=False)
+    finally:
+        for n, t in saved.items():
+            setattr(module, n, t)
+    sig = ep.graph_signature
+    nodes = {n.name: n for n in ep.graph.nodes}
+    outputs = list(next(n for n in ep.graph.nodes if n.op == "output").args[0])
+    by_buffer = {b.removeprefix("m."): nodes[inp] for inp, b in sig.inputs_to_buffers.items()}
+    uses = {}
+    for i, name in enumerate(module.kv_names):
+        ph, out = by_buffer.get(name), outputs[1 + i]
+        uses[name] = KvUse(read=ph is not None and any(u.op != "output" for u in ph.users),
+                           written=out is not ph, from_old=ph is not None and ph in _ancestors(out))
+    weights = [p.removeprefix("m.") for p in sig.inputs_to_parameters.values()]
+    weights += [b for b in by_buffer if b not in module.kv_names]
+    return uses, weights
+
+
+def _ancestors(node) -> set:
+    seen, todo = set(), [node]
+    while todo:
+        for parent in todo.pop().all_input_nodes:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
