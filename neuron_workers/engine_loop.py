@@ -12,10 +12,12 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from neuron_workers.params import EngineEvent, FailedEvent
-from neuron_workers.sequence import Sequence
+
+if TYPE_CHECKING:  # the server process imports this module without torch until an engine is built
+    from neuron_workers.sequence import Sequence
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
@@ -39,7 +41,7 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, seq: Sequence, sink: Sink) -> None:
+    def submit(self, seq: "Sequence", sink: Sink) -> None:
         self.commands.put(("add", seq, sink))
 
     def cancel(self, seq_id: int) -> None:

@@ -17,7 +17,8 @@ def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
     res = {args.accelerator_resource: m.neuron_cores} if m.neuron_cores and args.accelerator_resource else {}
     opts = dict(name=f"Model_{m.name}", ray_actor_options={"num_cpus": 0, "resources": res},
                 max_ongoing_requests=m.ongoing_limit, max_queued_requests=m.max_queued_requests,
-                graceful_shutdown_wait_loop_s=args.graceful_shutdown_wait_loop_s)
+                graceful_shutdown_wait_loop_s=args.graceful_shutdown_wait_loop_s,
+                graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s)
     if m.min_replicas == m.max_replicas:
         opts["num_replicas"] = m.max_replicas
     else:
@@ -52,4 +53,5 @@ def build_app(args: AppArgs) -> serve.Application:
     handles = {m.name: ModelDeployment.options(**deployment_options(m, args)).bind(m.model_dump())
                for m in args.models}
     contexts = {m.name: m.max_context for m in args.models}
-    return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(handles, contexts)
+    return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(
+        handles, contexts, args.key_digests(), args.max_request_bytes)

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 CORES_PER_TP = 1  # a rank runs on one NeuronCore
+API_KEY_ENV = "GEMMA4_API_KEY"
 
 
 class ModelSpec(BaseModel):
@@ -65,6 +66,14 @@ class AppArgs(BaseModel):
     base_dir: str | None = Field(None, description="Directory relative paths are resolved against")
     router_max_ongoing_requests: int = 256
     graceful_shutdown_wait_loop_s: float = 2.0
+    graceful_shutdown_timeout_s: float = Field(
+        30.0, ge=0, description="On shutdown, how long a replica lets in-flight requests finish before it ends them")
+    api_keys: list[str] = Field(default_factory=list, description=f"Keys every /v1 request must present as "
+                                f"`Authorization: Bearer <key>`; ${API_KEY_ENV} adds one (prefer it: YAML "
+                                f"args are visible on the Ray dashboard)")
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger is a 413")
+    instance: str | None = Field(None, description="The inf2 instance this config is sized for "
+                                 "(`python -m compile plan --config` checks every model on it)")
 
     @field_validator("models", mode="before")
     @classmethod
@@ -77,6 +86,13 @@ class AppArgs(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
         return self
+
+    def key_digests(self) -> list[str]:
+        """SHA-256 digests of the configured keys and of ${GEMMA4_API_KEY} (read where the app is built)."""
+        from serve_app.gate import key_digest
+
+        keys = list(self.api_keys) + ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
+        return [key_digest(k) for k in keys]
 
     def resolved(self) -> "AppArgs":
         """Paths made absolute against base_dir (or the current directory)."""

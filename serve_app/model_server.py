@@ -70,7 +70,8 @@ class ModelServer:
                 "max_batch": self.engine.max_batch}
 
     async def get_stats(self) -> dict:
-        return {**self.stats, "engine_steps": self.loop.steps}
+        sch = self.engine.scheduler
+        return {**self.stats, "engine_steps": self.loop.steps, "running": len(sch.running), "waiting": len(sch.waiting)}
 
     def check_health(self) -> None:
         """Serve's health probe: a replica whose engine thread died cannot serve."""

@@ -2,9 +2,13 @@
 
 It never imports torch or a Neuron package (a process that initialised the Neuron runtime without
 NEURON_RT_VISIBLE_CORES would reserve every core). Every error leaves in OpenAI's envelope:
-unknown model 404, invalid request 400 (FastAPI's 422 is mapped), context too long 400
-`context_length_exceeded`, a full queue 503 with Retry-After. The router waits for the replica's
-first event before answering, so errors and back-pressure are real status codes, never a broken 200.
+missing or wrong API key 401 and a body over the limit 413 (`gate.Gate`, before any parsing), unknown
+model 404, invalid request 400 naming the `param` (FastAPI's 422 is mapped; an OpenAI field we do not
+implement is refused by name), context too long 400 `context_length_exceeded`, a full queue 503
+`overloaded`, a replica that died 503 `replica_unavailable`, both with Retry-After. The router waits for
+the replica's first event before answering, so errors and back-pressure are real status codes; once a
+stream has started, a failure is one `data: {"error": ...}` event followed by `data: [DONE]`.
+`GET /metrics` serves the Prometheus text of every node's Ray metrics agent on the HTTP port.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app import protocol as P
 from serve_app.events import Delta, Failed, Finished
+from serve_app import gate
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
+api.add_middleware(gate.Gate)
 READY_TIMEOUT_S = 5.0
 RETRY = {"Retry-After": "1"}
 REPLICA_GONE = (RayActorError, ActorUnavailableError)  # the replica died or restarts: retryable
@@ -41,6 +47,9 @@ async def _validation(request: Request, exc: RequestValidationError):
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid" or not loc and first.get("type") == "missing":
         return error(400, "the request body is not valid JSON", code="invalid_json")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, P.UnsupportedField):
+        return error(400, str(cause), param=cause.name, code="unsupported_parameter")
     path = ".".join(x for x in loc if x not in _TYPE_NAMES and "[" not in x)  # drop union-branch names
     msg = first.get("msg", "invalid request").removeprefix("Value error, ")
     return error(400, f"{path}: {msg}" if path else msg, param=loc[0] if loc else None, code="invalid_value")
@@ -65,12 +74,42 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+def _scrape(host: str, port: int) -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError as e:
+        return f"# metrics agent {host}:{port} unreachable: {e}\n"
+
+
+def replica_gone(model: str, e: Exception) -> JSONResponse:
+    log.warning("replica of %s unavailable: %s", model, e)
+    return error(503, f"the replica serving `{model}` stopped; retry the request", "server_error",
+                 code="replica_unavailable", headers=RETRY)
+
+
+# Serve pickles this class when the decorator runs: every helper it uses must be defined above.
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress(api)
 class Router:
-    def __init__(self, models: dict, max_context: dict | None = None):
+    def __init__(self, models: dict, max_context: dict | None = None, key_digests: list[str] | None = None,
+                 max_request_bytes: int = gate.DEFAULT_MAX_REQUEST_BYTES):
         self.models = models  # name -> DeploymentHandle
         self.max_context = dict(max_context or {})
+        # through the module (Serve ships this class by value: a name bound here would be a copy)
+        gate.SETTINGS.key_digests, gate.SETTINGS.max_request_bytes = list(key_digests or []), max_request_bytes
+
+    @api.get("/metrics")
+    async def metrics(self):
+        """Prometheus text from every alive node's Ray metrics agent (whatever port Ray gave it)."""
+        import ray
+        from fastapi.responses import PlainTextResponse
+
+        nodes = [(n["NodeManagerAddress"], n["MetricsExportPort"]) for n in ray.nodes() if n.get("Alive")]
+        texts = await asyncio.gather(*(asyncio.to_thread(_scrape, h, p) for h, p in nodes))
+        return PlainTextResponse("".join(texts), media_type="text/plain; version=0.0.4")
 
     @api.get("/v1/models")
     async def list_models(self):
@@ -168,9 +207,3 @@ class Router:
             log.exception("stream failed: %s", e)
             yield sse(P.error_body(f"internal error: {type(e).__name__}", "server_error", code="internal_error"))
         yield sse("[DONE]")
-
-
-def replica_gone(model: str, e: Exception) -> JSONResponse:
-    log.warning("replica of %s unavailable: %s", model, e)
-    return error(503, f"the replica serving `{model}` stopped; retry the request", "server_error",
-                 code="replica_unavailable", headers=RETRY)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -14,6 +16,24 @@ from neuron_workers.tiny import TINY, ensure_tiny
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 NAMES = tuple(TINY)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model-configs"
+
+
+def real_config(size: str):
+    import transformers as tf
+
+    d = json.loads((CONFIGS / f"gemma-4-{size}.text_config.json").read_text())
+    cls = tf.Gemma4UnifiedTextConfig if d.pop("model_type") == "gemma4_unified_text" else tf.Gemma4TextConfig
+    return cls(**d)
+
+
+def meta_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    import transformers as tf
+
+    cls = tf.Gemma4UnifiedForCausalLM if cfg.model_type == "gemma4_unified_text" else tf.Gemma4ForCausalLM
+    with torch.device("meta"):
+        model = cls(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if "embed_tokens_per_layer" not in k}
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +59,26 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+class LogitsRecorder:
+    """Wraps a backend and keeps the logits of every call (the test's view; the backend has no hooks)."""
+
+    def __init__(self, backend):
+        self.inner, self.calls = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefill(self, bucket, inputs):
+        out = self.inner.prefill(bucket, inputs)
+        self.calls.append(("prefill", out.clone()))
+        return out
+
+    def decode(self, inputs):
+        out = self.inner.decode(inputs)
+        self.calls.append(("decode", out.clone()))
+        return out
+
+
 def free_port() -> int:
     import socket
 
@@ -53,6 +93,8 @@ def serve_url():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_TMPDIR", "/tmp/g4ray")
+    tests = str(Path(__file__).resolve().parent)  # replicas import test doubles (fake_engine) from here
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
     import ray
     from ray import serve
 

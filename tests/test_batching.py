@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import NAMES
+from conftest import NAMES, LogitsRecorder
 from neuron_workers.errors import ContextLengthError
 from neuron_workers.params import FailedEvent, SamplingParams, TokenEvent
 from neuron_workers.worker import WorkerConfig, build_engine
@@ -17,26 +17,6 @@ pytestmark = pytest.mark.slow
 CTX, BUCKETS = 128, (16, 32, 64)
 # (prompt length, new tokens, arrival step): 6 sequences through 4 slots
 JOBS = [(5, 40, 0), (13, 12, 0), (37, 20, 2), (3, 4, 3), (2, 5, 5), (20, 30, 9)]
-
-
-class LogitsRecorder:
-    """Wraps a backend and keeps the logits of every call (the test's view; the backend has no hooks)."""
-
-    def __init__(self, backend):
-        self.inner, self.calls = backend, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def prefill(self, bucket, inputs):
-        out = self.inner.prefill(bucket, inputs)
-        self.calls.append(("prefill", out.clone()))
-        return out
-
-    def decode(self, inputs):
-        out = self.inner.decode(inputs)
-        self.calls.append(("decode", out.clone()))
-        return out
 
 
 def engine(path, max_batch, dtype="float32", **kw):

@@ -16,7 +16,7 @@ from neuron_workers.manifest import Manifest
 from neuron_workers.generate import main as generate_main
 from neuron_workers.loader import load_model
 from neuron_workers.shard_plan import plan_for
-from test_tp import CONFIGS, meta_shapes, real_config
+from conftest import CONFIGS, meta_shapes, real_config
 
 KV = ("k_", "v_")
 
@@ -140,7 +140,6 @@ def test_cpu_build_load_generate_and_manifest_checks(tiny_dirs, tmp_path, capsys
     assert "built with transformers 4.0.0" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not CONFIGS.is_dir(), reason="shared/reference/model-configs not present")
 class TestPlanOnRealConfigs:
     @pytest.mark.parametrize("size,tp", [("E2B", 1), ("E4B", 2), ("12B", 2), ("12B", 1)])
     def test_weights_match_an_independent_meta_count(self, size, tp):

@@ -1,18 +1,18 @@
-"""Tensor parallelism: the shard plan on the real configs (meta device), and TP=2 on CPU (gloo, 2 processes)
-giving the unsharded logits (1e-4) and transformers' greedy tokens for all three tiny structures."""
+"""Tensor parallelism: the shard plan on the real configs (meta device, configs/model-configs), and TP=2 on
+CPU (gloo, 2 processes) giving the unsharded logits and transformers' greedy tokens for all three tiny
+structures."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import hf_greedy, hf_reference
+from conftest import LogitsRecorder, hf_greedy, hf_reference, meta_shapes, real_config
 from neuron_workers.backends.cpu import CpuBackend
 from neuron_workers.backends.cpu_tp import TpCpuBackend
-from neuron_workers.dims import FULL
+from neuron_workers.dims import FULL, SLIDING
 from neuron_workers.engine import Engine
 from neuron_workers.errors import UserError
 from neuron_workers.generate import main
@@ -21,32 +21,10 @@ from neuron_workers.params import SamplingParams
 from neuron_workers.shard_plan import plan_for
 from neuron_workers.tp_modules import shard_tensor
 
-CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "model-configs"
-SLIDING = "sliding_attention"
-
-
-def real_config(size: str):
-    import transformers as tf
-
-    d = json.loads((CONFIGS / f"gemma-4-{size}.text_config.json").read_text())
-    cls = tf.Gemma4UnifiedTextConfig if d.pop("model_type") == "gemma4_unified_text" else tf.Gemma4TextConfig
-    return cls(**d)
-
-
-def meta_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    import transformers as tf
-
-    cls = tf.Gemma4UnifiedForCausalLM if cfg.model_type == "gemma4_unified_text" else tf.Gemma4ForCausalLM
-    with torch.device("meta"):
-        model = cls(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items() if "embed_tokens_per_layer" not in k}
-
-
 def by_type(plan, t):
     return {(s.q_heads, s.kv_heads, s.groups, s.kv_replicated) for s, lt in zip(plan.layers, plan.layer_types) if lt == t}
 
 
-@pytest.mark.skipif(not CONFIGS.is_dir(), reason="shared/reference/model-configs not present")
 class TestShardPlanOnRealConfigs:
     def test_e2b_single_kv_head_is_replicated(self):
         plan = plan_for(real_config("E2B"), 2)
@@ -128,36 +106,34 @@ def test_shards_concatenate_back_and_match_applied_shapes(tiny_dirs):
 
 def run_side_by_side(d, dtype, n):
     """Greedy tokens at TP=1 and TP=2 (teacher-free: each follows its own tokens), and the worst
-    |logit difference| of either rank against the unsharded logits at every step."""
+    |logit difference| of TP=2 (rank 0's all-gathered logits, which every rank holds) against the
+    unsharded logits at every step."""
     model = load_model(d, dtype)
     ids = list(range(40, 60))  # 20 tokens, window 8
-    one = Engine(model, CpuBackend(model.hf_lm, model.dims, 128, (32,), dtype))
-    tp = TpCpuBackend(d, model.dims, 2, 128, (32,), dtype, all_logits=True)
+    one = LogitsRecorder(CpuBackend(model.hf_lm, model.dims, 128, (32,), dtype))
+    tp = LogitsRecorder(TpCpuBackend(d, model.dims, 2, 128, (32,), dtype))
     try:
-        two = Engine(model, tp)
         params = SamplingParams(max_new_tokens=n, ignore_eos=True)
-        a, b, worst = [], [], 0.0
-        for e1, e2 in zip(one.generate(ids, params), two.generate(ids, params)):
-            a.append(e1.token_id)
-            b.append(e2.token_id)
-            assert len(tp.rank_logits) == 2
-            for rank_logits in tp.rank_logits:
-                worst = max(worst, (rank_logits - one.backend.last_logits).abs().max().item())
+        a = [e.token_id for e in Engine(model, one).generate(ids, params)]
+        b = [e.token_id for e in Engine(model, tp).generate(ids, params)]
+        worst = max((x[1] - y[1]).abs().max().item() for x, y in zip(one.calls, tp.calls))
         return ids, a, b, worst
     finally:
         tp.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma4-e2b-tiny", "gemma4-e4b-tiny", "gemma4-12b-tiny"])
 def test_tp2_is_exact_in_float64(name, tiny_dirs):
-    """The sharding itself is exact: in fp64 each rank's logits equal the unsharded ones (32 steps, 4 windows)."""
+    """The sharding itself is exact: in fp64 the TP=2 logits equal the unsharded ones (32 steps, 4 windows)."""
     _, a, b, worst = run_side_by_side(tiny_dirs[name], torch.float64, 32)
     assert a == b and worst < 1e-9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma4-e2b-tiny", "gemma4-e4b-tiny", "gemma4-12b-tiny"])
 def test_tp2_equals_tp1_and_transformers(name, tiny_dirs):
-    """fp32: same greedy tokens as TP=1 and transformers for 96 tokens. Per-rank logits differ from the
+    """fp32: same greedy tokens as TP=1 and transformers for 96 tokens. The TP=2 logits differ from the
     unsharded ones only by summation order (row-parallel partial sums): measured <= 2.1e-3 on logits of
     magnitude ~18 with these high-variance tiny weights, so the bound here is 5e-3."""
     ids, a, b, worst = run_side_by_side(tiny_dirs[name], torch.float32, 96)
@@ -166,6 +142,7 @@ def test_tp2_equals_tp1_and_transformers(name, tiny_dirs):
     assert a == hf_greedy(hf_reference(tiny_dirs[name]), ids, 96)
 
 
+@pytest.mark.slow
 def test_cli_tp2(tiny_dirs, capsys):
     d = tiny_dirs["gemma4-e4b-tiny"]
     assert main(["--model", str(d), "--prompt-ids", "2,5,6,7,8,9,10,11,12,13", "--max-new-tokens", "24",

@@ -1,0 +1,103 @@
+"""The router's front door, as ASGI middleware: the API key and the request size limit, checked before
+FastAPI reads or parses anything, so a 10 MB body costs a 413 and nothing else.
+
+- API key: when keys are configured, every `/v1/*` request needs `Authorization: Bearer <key>`; others
+  get 401 in OpenAI's envelope. Keys are kept as SHA-256 digests and compared in constant time
+  (`hmac.compare_digest`); `/health` and `/metrics` stay open.
+- Size: a body over `max_request_bytes` is answered 413 from its Content-Length, or as soon as the
+  streamed body passes the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class GateSettings:
+    key_digests: list[str] = field(default_factory=list)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+
+
+SETTINGS = GateSettings()  # one router per process: its constructor fills this in
+
+
+def _envelope(status: int, message: str, code: str, extra_headers=()) -> dict:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra_headers]
+    return {"status": status, "headers": headers, "body": body}
+
+
+async def _reply(send, r: dict) -> None:
+    await send({"type": "http.response.start", "status": r["status"], "headers": r["headers"]})
+    await send({"type": "http.response.body", "body": r["body"]})
+
+
+def authorized(headers: dict[bytes, bytes]) -> bool:
+    if not SETTINGS.key_digests:
+        return True
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    digest = key_digest(token.strip()) if scheme.lower() == "bearer" else ""
+    ok = False
+    for d in SETTINGS.key_digests:  # every digest compared: no early exit to time
+        ok |= hmac.compare_digest(digest, d)
+    return ok
+
+
+class Gate:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if "/v1/" in scope.get("path", "") and not authorized(headers):
+            return await _reply(send, _envelope(401, "Incorrect or missing API key: send `Authorization: Bearer "
+                                                "<key>`.", "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
+        limit = SETTINGS.max_request_bytes
+        try:
+            declared = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            return await _reply(send, _too_large(limit))
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        chunks, total = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client left
+                return
+            chunks.append(msg.get("body", b""))
+            total += len(chunks[-1])
+            if total > limit:
+                return await _reply(send, _too_large(limit))
+            if not msg.get("more_body"):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+def _too_large(limit: int) -> dict:
+    return _envelope(413, f"the request body is larger than this server's limit of {limit} bytes",
+                     "request_too_large")
