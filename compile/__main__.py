@@ -51,7 +51,8 @@ def parse(argv):
     p.add_argument("--prefill-bucket", type=int, help="largest prefill bucket (default: max context)")
     p.add_argument("--instance", default="inf2.24xlarge")
     p.add_argument("--json", action="store_true")
-    sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
+    sm = sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
+    sm.add_argument("step", nargs="?", choices=["sdk", "toy", "tp1", "tp2"], help="run one step (internal)")
     args = ap.parse_args(argv)
     if args.cmd in ("build", "plan") and not (args.model or args.config):
         ap.error("--model or --config is required")
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
             return _plan(args)
         from compile.smoke import main as smoke
 
-        return smoke()
+        return smoke([args.step] if args.step else [])
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

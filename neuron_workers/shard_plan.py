@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuron_workers.dims import FULL, ModelDims
+from neuron_workers.dims import FULL, SLIDING, ModelDims
 from neuron_workers.errors import UserError
 
 COL, ROW, REP, VOCAB = "col", "row", "rep", "vocab"
@@ -55,7 +55,7 @@ class ShardPlan:
 
     def kv_bytes_per_token(self, bytes_per_elem: int = 2) -> dict[str, int]:
         """K+V bytes one rank stores per token, for full layers and (up to the window) sliding layers."""
-        out = {FULL: 0, "sliding_attention": 0}
+        out = {FULL: 0, SLIDING: 0}
         for t, s in zip(self.layer_types, self.layers):
             if s.owns_kv:
                 out[t] += 2 * s.kv_heads * s.head_dim * bytes_per_elem

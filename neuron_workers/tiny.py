@@ -2,7 +2,7 @@
 
     python -m neuron_workers.tiny --out models/     # writes gemma4-e2b-tiny, gemma4-e4b-tiny, gemma4-12b-tiny
 
-Each mirrors one real structure (see shared/reference/gemma4-architecture.md §3) with at least one
+Each mirrors one real structure (configs/model-configs has the real settings) with at least one
 sliding, one full and (E-models) one KV-shared layer of each type: E2B-like (PLE, KV sharing,
 double-wide MLP on shared layers, 1 KV head), E4B-like (8 query / 2 KV heads, PLE, KV sharing) and
 12B-like (`gemma4_unified`: 2 KV heads on sliding layers, 1 KV head at a larger head_dim on full

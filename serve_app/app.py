@@ -6,7 +6,7 @@ One ModelServer deployment per configured model (named `Model_<name>`), each rep
 
 from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
 
-from serve_app.config import AppArgs, ModelSpec
+from serve_app.config import API_KEY_ENV, AppArgs, ModelSpec
 from serve_app.model_server import ModelServer
 from serve_app.router import Router
 
@@ -50,8 +50,11 @@ def build_app(args: AppArgs) -> serve.Application:
 
         ensure_tiny(args.tiny_dir)
     check_accelerators(args)
+    digests = args.key_digests()
+    if args.require_api_key and not digests:
+        raise ValueError(f"this config requires an API key: set {API_KEY_ENV}=<key> (or `api_keys` in its args)")
     handles = {m.name: ModelDeployment.options(**deployment_options(m, args)).bind(m.model_dump())
                for m in args.models}
     contexts = {m.name: m.max_context for m in args.models}
     return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(
-        handles, contexts, args.key_digests(), args.max_request_bytes)
+        handles, contexts, digests, args.max_request_bytes)

@@ -71,6 +71,8 @@ class AppArgs(BaseModel):
     api_keys: list[str] = Field(default_factory=list, description=f"Keys every /v1 request must present as "
                                 f"`Authorization: Bearer <key>`; ${API_KEY_ENV} adds one (prefer it: YAML "
                                 f"args are visible on the Ray dashboard)")
+    require_api_key: bool = Field(False, description=f"Refuse to start without a key (api_keys or ${API_KEY_ENV}): "
+                                  f"for configs that listen on a public interface")
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger is a 413")
     instance: str | None = Field(None, description="The inf2 instance this config is sized for "
                                  "(`python -m compile plan --config` checks every model on it)")

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from neuron_workers.dims import SLIDING
 from neuron_workers.engine import Engine
 from neuron_workers.spec import make_spec
 
@@ -32,7 +33,7 @@ class CharTokenizer:
 
 class Dims:
     vocab_size, num_layers, ple_dim, sliding_window = VOCAB, 1, 0, 4
-    final_logit_softcapping, kv_layers, layer_types = None, (), ("sliding_attention",)
+    final_logit_softcapping, kv_layers, layer_types = None, (), (SLIDING,)
 
     @staticmethod
     def ring_size(max_context):

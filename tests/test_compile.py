@@ -190,3 +190,63 @@ class TestPlanOnRealConfigs:
         assert compile_main(["plan", "--model", str(CONFIGS / "gemma-4-E4B.text_config.json"),
                              "--instance", "inf9.huge"]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 3
+
+
+def inf2_config_copy(tmp_path, edit=None):
+    """configs/inf2.yaml with each model's checkpoint directory replaced by one holding its real config."""
+    import yaml
+
+    root = tmp_path / "proj"
+    (root / "configs").mkdir(parents=True)
+    doc = yaml.safe_load((CONFIGS.parent / "inf2.yaml").read_text())
+    sizes = {"gemma-4-e2b": "E2B", "gemma-4-e4b": "E4B", "gemma-4-12b": "12B"}
+    for m in doc["applications"][0]["args"]["models"]:
+        d = root / "models" / m["name"]
+        d.mkdir(parents=True)
+        (d / "config.json").write_text((CONFIGS / f"gemma-4-{sizes[m['name']]}.text_config.json").read_text())
+        m["path"] = str(d)
+        if edit:
+            edit(m)
+    path = root / "configs" / "inf2.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, doc
+
+
+def test_every_model_of_the_inf2_config_fits_its_instance(tmp_path, capsys):
+    path, doc = inf2_config_copy(tmp_path)
+    assert compile_main(["plan", "--config", str(path), "--json"]) == 0
+    plans = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    args = doc["applications"][0]["args"]
+    assert len(plans) == len(args["models"]) == 3 and all(p["fits"] for p in plans)
+    for p, m in zip(plans, args["models"]):
+        assert (p["tp"], p["batch"], p["max_context"], p["instance"]) == (m["tp"], m["max_batch"], m["max_context"],
+                                                                           args["instance"])
+    cores = sum(m["tp"] * m["min_replicas"] for m in args["models"])
+    assert cores <= {"inf2.24xlarge": 12, "inf2.48xlarge": 24}[args["instance"]]
+    assert compile_main(["plan", "--config", str(path), "--model", "nope"]) == 2
+    assert "no model named 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_build_from_the_serve_config_builds_what_it_serves(tiny_dirs, tmp_path, capsys):
+    """`compile build --config` takes tp, context, buckets, batch, dtype and the artifact directory from
+    the serve YAML; serving that entry then finds exactly those artifacts."""
+    def small(m):
+        if m["name"] == "gemma-4-e2b":
+            m.update(path=str(tiny_dirs["gemma4-e2b-tiny"]), max_context=64, prefill_buckets=[16, 32], max_batch=3,
+                     artifacts=str(tmp_path / "art-e2b"))
+
+    path, _ = inf2_config_copy(tmp_path, small)
+    with neuron_double.installed() as calls:
+        assert compile_main(["build", "--config", str(path), "--model", "gemma-4-e2b", "--jobs", "2"]) == 0
+    m = Manifest.read(tmp_path / "art-e2b")
+    assert (m.backend, m.tp, m.max_batch, m.max_context, m.prefill_buckets, m.dtype) == (
+        "neuron", 1, 3, 64, [16, 32], "bfloat16")
+    assert next(c for c in calls if c[0] == "compile")[3] == 2
+    assert "== gemma-4-e2b" in capsys.readouterr().out
+
+
+def test_smoke_without_the_sdk_says_what_to_install(capsys):
+    assert compile_main(["smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "neuronx-distributed 0.19.28492" in err

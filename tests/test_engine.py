@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from neuron_workers.detok import IncrementalDetokenizer
+from neuron_workers.dims import SLIDING
 from neuron_workers.engine import Engine
 from neuron_workers.errors import ContextLengthError, UserError
 from neuron_workers.host_inputs import choose_bucket, default_buckets, prefill_masks, ring_index
@@ -47,7 +48,7 @@ class FakeBackend:
 
 class FakeDims:
     vocab_size, num_layers, ple_dim, sliding_window = VOCAB, 1, 0, 4
-    final_logit_softcapping, kv_layers, layer_types = 30.0, (), ("sliding_attention",)
+    final_logit_softcapping, kv_layers, layer_types = 30.0, (), (SLIDING,)
 
     @staticmethod
     def ring_size(max_context):
@@ -168,22 +169,6 @@ def test_incremental_detokenizer_equals_full_decode(tiny_dirs):
     assert not any("\ufffd" in p for p in pieces)
 
 
-def test_fast_argmax_and_topk_equal_torch_on_a_real_size_vocab():
-    from neuron_workers.sampling import fast_argmax, fast_topk
-
-    g = torch.Generator().manual_seed(0)
-    for trial in range(5):
-        z = torch.randn(262_144, generator=g)
-        if trial == 1:
-            z[[7, 70_000, 200_000]] = 9.0  # ties: the first index wins, as torch.argmax
-        assert fast_argmax(z) == int(torch.argmax(z))
-        vals, idx = fast_topk(z, 64)
-        ref_vals, _ = torch.topk(z, 64)
-        assert torch.equal(vals, ref_vals) and torch.equal(z[idx], vals)
-    odd = torch.randn(1000, generator=g)  # not a multiple of the row count: plain torch path
-    assert fast_argmax(odd) == int(odd.argmax())
-
-
 def test_sampling_follows_the_distribution_and_top_p_cuts_the_tail():
     from neuron_workers.sampling import make_generator
 
@@ -262,14 +247,16 @@ def test_sample_rows_is_per_row_and_matches_single_row_sampling():
     assert together[0] == int(logits[0].float().argmax()) and together[3] == int(logits[3].float().argmax())
 
 
-def test_batched_argmax_and_topk_equal_torch():
-    from neuron_workers.sampling import batched_argmax, batched_topk
+@pytest.mark.parametrize("vocab", [262_144, 1000])  # chunked, and the plain-torch path
+def test_chunked_argmax_and_topk_equal_torch(vocab):
+    from neuron_workers.sampling import Chunked
 
-    z = torch.randn(5, 262_144, generator=torch.Generator().manual_seed(1))
-    z[2, [5, 90_000]] = 50.0  # a tie: the first index wins
-    assert torch.equal(batched_argmax(z), z.argmax(dim=1))
-    vals, idx = batched_topk(z, 64)
-    assert torch.equal(vals, z.topk(64, dim=1).values) and torch.equal(z.gather(1, idx), vals)
+    z = torch.randn(5, vocab, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    z[2, [5, 900]] = 50.0  # a tie: the first index wins
+    c, idx = Chunked(z), torch.tensor([4, 2, 0])
+    assert torch.equal(c.argmax(idx), z.float()[idx].argmax(dim=1))
+    vals, ids = c.topk(idx, 64)
+    assert torch.equal(vals, z.float()[idx].topk(64, dim=1).values) and torch.equal(z.float()[idx].gather(1, ids), vals)
 
 
 def test_stop_string_ends_the_sequence_and_frees_its_slot():

@@ -1,0 +1,187 @@
+"""`python -m compile smoke`: the first thing to run on an inf2 host. WRITTEN AGAINST THE SDK, NOT RUN HERE.
+
+Steps, each in its own process (the Neuron runtime binds the cores it sees once per process):
+  sdk      neuron-ls and the installed SDK versions against the pinned ones
+  toy      a one-minute ModelBuilder V2 model with two graphs sharing one state buffer (read-then-write),
+           a non-persistent buffer used in the forward, a tied weight and an int32 gather; three calls
+           alternating the graphs, each checked against the same module on the CPU
+  tp1      a tiny E2B-like checkpoint built at context 64 (batch 2) on core 0; two prompts of 20 tokens
+           (past the sliding window of 8) decoded together, tokens and logits against the CPU backend (bf16)
+  tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1
+One table, PASS/FAIL per step; exit 1 if any step failed. Without the SDK: one line saying what to
+install, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from neuron_workers.errors import UserError
+
+PINS = {"torch-neuronx": "2.9.0.2.15.32035", "neuronx-cc": "2.26.6360.0", "neuronx-distributed": "0.19.28492"}
+STEPS = {"sdk": None, "toy": "0", "tp1": "0", "tp2": "0,1"}  # step -> NEURON_RT_VISIBLE_CORES
+LOGIT_TOL = 0.5  # bf16 device vs bf16 CPU on logits of magnitude ~20 (tiny random weights)
+
+
+def main(argv: list[str]) -> int:
+    if argv:  # a child: run one step, print one JSON line
+        print(json.dumps(_run_step(argv[0])), flush=True)
+        return 0
+    from neuron_workers.backends.neuron import require_neuron
+
+    try:
+        require_neuron()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = [_child(step, cores) for step, cores in STEPS.items()]
+    width = max(len(r["step"]) for r in rows)
+    for r in rows:
+        print(f"{r['step']:<{width}}  {'PASS' if r['ok'] else 'FAIL'}  {r['seconds']:7.1f}s  {r['detail']}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _child(step: str, cores: str | None) -> dict:
+    env = dict(os.environ)
+    if cores is not None:
+        env["NEURON_RT_VISIBLE_CORES"] = cores
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "compile", "smoke", step], capture_output=True, text=True, env=env)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"step": step, "ok": False, "seconds": time.perf_counter() - t, "detail": f"crashed: {tail}"}
+    return {**json.loads(lines[-1]), "step": step, "seconds": time.perf_counter() - t}
+
+
+def _run_step(step: str) -> dict:
+    try:
+        ok, detail = {"sdk": _sdk, "toy": _toy, "tp1": lambda: _tiny("gemma4-e2b-tiny", 1),
+                      "tp2": lambda: _tiny("gemma4-e4b-tiny", 2)}[step]()
+    except Exception as e:  # a smoke test reports, it does not stop at the first failure
+        ok, detail = False, f"{type(e).__name__}: {e}"
+    return {"ok": ok, "detail": detail}
+
+
+def _sdk() -> tuple[bool, str]:
+    from importlib import metadata
+
+    try:
+        ls = subprocess.run(["neuron-ls"], capture_output=True, text=True, timeout=60).stdout
+    except OSError as e:
+        ls = f"neuron-ls not runnable: {e}"
+    print(ls, file=sys.stderr)
+    got = {}
+    for pkg in list(PINS) + ["libneuronxla", "torch-xla", "torch"]:
+        try:
+            got[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            got[pkg] = None
+    off = {p: (got[p], want) for p, want in PINS.items() if got[p] != want}
+    return not off and "NEURON" in ls.upper(), f"{got}; not the pinned versions: {off}" if off else str(got)
+
+
+def _toy() -> tuple[bool, str]:
+    import torch
+    from torch import nn
+
+    from neuron_workers.backends.neuron import make_buffers_persistent, require_neuron
+
+    _, nxd = require_neuron()
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, 16)
+            self.head = nn.Linear(16, 64, bias=False)
+            self.head.weight = self.emb.weight  # tied
+            self.register_buffer("scale", torch.tensor(0.5), persistent=False)  # read by forward, not saved
+            self.register_buffer("cache", torch.zeros(4, 16))  # device state
+            self.kv_names = ["cache"]
+
+        def forward(self, ids, slot):
+            x = torch.index_select(self.emb.weight, 0, ids)  # int32 gather
+            self.cache = torch.index_copy(self.cache, 0, slot.to(torch.int64), x[:1])  # read-then-write
+            return self.head(self.cache.sum(0, keepdim=True) * self.scale)
+
+    torch.manual_seed(0)
+    ref, dev = Toy().eval(), Toy().eval()
+    dev.load_state_dict(ref.state_dict())
+    make_buffers_persistent(dev)
+    calls = [(torch.tensor([3, 5, 7, 9], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)),
+             (torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)),
+             (torch.tensor([11, 12, 13, 14], dtype=torch.int32), torch.tensor([2], dtype=torch.int32))]
+    with tempfile.TemporaryDirectory() as tmp, nxd.NxDParallelState(world_size=1, tensor_model_parallel_size=1,
+                                                                     lnc_size=1):
+        builder = nxd.ModelBuilder(dev)
+        builder.trace(args=calls[0], tag="four")
+        builder.trace(args=calls[1], tag="eight")
+        model = builder.compile(compiler_args="--auto-cast=none --target inf2", max_workers=1, compiler_workdir=tmp)
+        names = set().union(*(a.weight_name_to_idx for a in builder.trace_artifacts_collection.values()))
+        state = {k: v for k, v in dev.state_dict().items() if k in names}
+        model.set_weights([state])
+        model.to_neuron()
+        worst = 0.0
+        for ids, slot in calls:
+            want = ref(ids, slot)
+            got = model.forward(ids, slot, model_name="four" if ids.shape[0] == 4 else "eight")
+            got = got[0] if isinstance(got, (tuple, list)) else got
+            worst = max(worst, (got.float() - want.float()).abs().max().item())
+    return worst < 1e-3, f"3 calls over 2 graphs sharing state: max |device - cpu| = {worst:.2e}; weights {sorted(names)}"
+
+
+def _tiny(name: str, tp: int) -> tuple[bool, str]:
+    import torch
+
+    from compile.build import build
+    from neuron_workers.params import SamplingParams
+    from neuron_workers.tiny import write_tiny
+    from neuron_workers.worker import WorkerConfig, build_engine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_tiny(Path(tmp), name)
+        art = Path(tmp) / "art"
+        build(str(ckpt), "neuron", tp, 2, 64, [16, 32], "bfloat16", str(art), progress=lambda m: None, jobs=1)
+        prompts = [[2] + list(range(40, 59)), [2] + list(range(100, 119))]  # 20 tokens: the ring of 8 wraps
+        runs = {}
+        for label, cfg in {"neuron": WorkerConfig(model=str(ckpt), backend="neuron", tp=tp, artifacts=str(art)),
+                           "cpu": WorkerConfig(model=str(ckpt), tp=tp, max_context=64, prefill_buckets=(16, 32),
+                                               max_batch=2, dtype="bfloat16")}.items():
+            engine = build_engine(cfg)
+            rec = _Recorder(engine.backend)
+            engine.backend = rec
+            seqs = [engine.new_sequence(p, SamplingParams(max_new_tokens=24, ignore_eos=True)) for p in prompts]
+            out = {s.seq_id: [] for s in seqs}
+            for ev in engine.run_all(seqs):
+                out[ev.seq_id].append(ev.token_id)
+            runs[label] = ([out[s.seq_id] for s in seqs], rec.logits)
+            engine.close()
+    (dev, dev_logits), (cpu, cpu_logits) = runs["neuron"], runs["cpu"]
+    worst = max((a.float() - b.float()).abs().max().item() for a, b in zip(dev_logits, cpu_logits))
+    same = sum(a == b for d, c in zip(dev, cpu) for a, b in zip(d, c))
+    return dev == cpu and worst < LOGIT_TOL, (f"tp={tp}: {same}/48 tokens equal to the cpu backend, max |logit diff| "
+                                              f"{worst:.3f} (tolerance {LOGIT_TOL})")
+
+
+class _Recorder:
+    def __init__(self, backend):
+        self.inner, self.logits = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefill(self, bucket, inputs):
+        out = self.inner.prefill(bucket, inputs)
+        self.logits.append(out.clone())
+        return out
+
+    def decode(self, inputs):
+        out = self.inner.decode(inputs)
+        self.logits.append(out.clone())
+        return out
