@@ -14,6 +14,7 @@ import functools
 import logging
 from typing import Iterator
 
+from neuron_workers.backends import Backend
 from neuron_workers.detok import IncrementalDetokenizer
 from neuron_workers.errors import ContextLengthError, UserError
 from neuron_workers.host_inputs import DecodeBatch, choose_bucket, prefill_inputs
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, model, backend, prefill_tokens_per_step: int | None = None):
+    def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None):
         self.model, self.backend = model, backend
         self.dims, self.tokenizer = model.dims, model.tokenizer
         self.max_context, self.max_batch = backend.max_context, backend.max_batch

@@ -12,7 +12,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from neuron_workers.params import EngineEvent, FailedEvent
 
@@ -21,6 +21,37 @@ if TYPE_CHECKING:  # the server process imports this module without torch until 
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
+
+
+class ServingEngine(Protocol):
+    """What a server needs of an engine (`neuron_workers.engine.Engine` is the one we ship).
+
+    Tokenization and validation (`encode`, `encode_chat`, `new_sequence`) may run on any thread; `add`,
+    `cancel` and `step` only on the engine loop's thread."""
+
+    max_context: int
+    max_batch: int
+    last_decode_rows: int
+    scheduler: object  # .running (slot -> sequence) and .waiting, read for stats
+    sampling_defaults: dict
+    max_token_chars: int
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+
+    def new_sequence(self, prompt_ids: list[int], params, stop: list[str] | None = None) -> "Sequence": ...
+
+    def add(self, seq: "Sequence") -> None: ...
+
+    def cancel(self, seq_id: int) -> bool: ...
+
+    def step(self) -> list[EngineEvent]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +63,8 @@ class StepStats:
 
 
 class EngineLoop:
-    def __init__(self, engine, name: str = "engine", on_step: Callable[[StepStats], None] | None = None):
+    def __init__(self, engine: ServingEngine, name: str = "engine",
+                 on_step: Callable[[StepStats], None] | None = None):
         self.engine, self.on_step = engine, on_step
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.sinks: dict[int, Sink] = {}

@@ -31,6 +31,8 @@ class ModelSpec(BaseModel):
     max_batch: int = Field(8, ge=1, le=256, description="Sequences a replica decodes together (KV rows; "
                            "neuron artifacts must be built for the same number)")
     threads: int = Field(1, ge=1, description="Torch host threads per replica (replicas share the host's CPUs)")
+    stream_interval_ms: float = Field(40.0, ge=0, description="A stream sends at most one message per interval, "
+                                      "with every token generated since the last (0: one message per token)")
     engine: str = Field("serve_app.engines:build_worker_engine",
                         description="Import path of the engine factory: spec -> engine (default: the real one)")
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")

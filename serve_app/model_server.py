@@ -7,7 +7,8 @@ thread), and the engine's continuous-batching loop on its one engine thread (`En
 
 `generate` is an async generator of `serve_app.events` values. Each request becomes a sequence in the
 engine's scheduler; its events come back through an asyncio queue. A stream yields coalesced `Delta`s
-(every token that arrived since the last yield), a non-stream only `Started` and `Finished`. A client
+(every token that arrived since the last yield, at most one message per `stream_interval_ms`: each
+message costs more than a token on 2 busy cores), a non-stream only `Started` and `Finished`. A client
 that disconnects cancels the request: its sequence leaves the batch (or the waiting queue) at the next
 step boundary. Serve's `max_ongoing_requests` bounds the requests a replica holds (running + waiting in
 the engine); beyond `max_queued_requests` callers are turned away with 503.
@@ -21,7 +22,7 @@ import logging
 import os
 import time
 
-from neuron_workers.engine_loop import EngineLoop
+from neuron_workers.engine_loop import ServingEngine
 from neuron_workers.errors import ContextLengthError, UserError
 from neuron_workers.params import FailedEvent, SamplingParams
 from serve_app.config import ModelSpec
@@ -58,7 +59,9 @@ class ModelServer:
     def __init__(self, spec: dict):
         self.spec = ModelSpec(**spec)
         self.cores = check_visible_cores(self.spec)
-        self.engine = import_attr(self.spec.engine)(self.spec)
+        from neuron_workers.engine_loop import EngineLoop  # torch arrives with the engine, not with this module
+
+        self.engine: ServingEngine = import_attr(self.spec.engine)(self.spec)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
         self.metrics = ServerMetrics(self.spec.name)
         self.loop = EngineLoop(self.engine, name=f"engine-{self.spec.name}", on_step=self.metrics.step)
@@ -128,10 +131,14 @@ class ModelServer:
         timer.prompt(len(seq.prompt_ids))
         self.loop.submit(seq, lambda ev: loop.call_soon_threadsafe(events.put_nowait, (time.perf_counter(), ev)))
         yield Started(len(seq.prompt_ids))
-        text, ids, n = [], [], 0
+        text, ids, n, sent = [], [], 0, 0.0
+        interval = self.spec.stream_interval_ms / 1e3
         try:
             while True:
                 batch = [await events.get()]
+                wait = sent + interval - time.perf_counter()
+                if stream and wait > 0 and not batch[0][1].final:  # coalesce: one message per interval
+                    await asyncio.sleep(wait)
                 while not events.empty():
                     batch.append(events.get_nowait())
                 for at, ev in batch:
@@ -145,7 +152,7 @@ class ModelServer:
                 final = batch[-1][1]
                 if stream and (ids or final.final):
                     yield Delta("".join(text), tuple(ids))
-                    text, ids = [], []
+                    text, ids, sent = [], [], time.perf_counter()
                 if final.final:
                     yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text))
                     return

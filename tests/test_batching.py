@@ -171,3 +171,14 @@ def test_tp2_batched_equals_tp1_solo(tiny_dirs):
                 assert got[s.seq_id] == solo(one, ids, new)[0], name
         finally:
             tp.close()
+
+
+def test_a_prefill_bucket_of_one_is_not_decode(tiny_dirs):
+    """A one-token prompt through a bucket-1 prefill graph gives the tokens of the same prompt through a
+    bucket-16 prefill: the graph's phase comes from its spec, never from its sequence length."""
+    d = tiny_dirs["gemma4-e2b-tiny"]
+    one = build_engine(WorkerConfig(model=str(d), max_context=CTX, prefill_buckets=(1, 16), max_batch=2))
+    sixteen = build_engine(WorkerConfig(model=str(d), max_context=CTX, prefill_buckets=(16,), max_batch=2))
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    assert [e.token_id for e in one.generate([2], params)] == [e.token_id for e in sixteen.generate([2], params)]
+    assert {"prefill_1", "decode"} <= set(one.backend._graphs)

@@ -17,6 +17,9 @@ from neuron_workers.loader import load_model
 from neuron_workers.params import SamplingParams
 from neuron_workers.spec import DECODE, PREFILL
 
+pytestmark = pytest.mark.slow  # loads models or starts a Ray cluster
+
+
 WINDOW = 8
 
 

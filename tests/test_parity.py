@@ -10,6 +10,9 @@ import pytest
 from conftest import NAMES, hf_greedy, hf_reference
 from neuron_workers.generate import main
 
+pytestmark = pytest.mark.slow  # loads models or starts a Ray cluster
+
+
 PROMPTS = {"short": [2, 17, 9, 33, 5], "past_window": list(range(40, 53)), "past_bucket": list(range(7, 7 + 37))}
 
 

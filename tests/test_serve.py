@@ -13,6 +13,9 @@ from conftest import deploy
 from neuron_workers.params import SamplingParams
 from neuron_workers.worker import WorkerConfig, build_engine
 
+pytestmark = pytest.mark.slow  # loads models or starts a Ray cluster
+
+
 MODELS = {"e2b": "gemma4-e2b-tiny", "e4b": "gemma4-e4b-tiny", "12b": "gemma4-12b-tiny"}
 CTX = 512
 
@@ -147,7 +150,8 @@ def test_streaming_is_incremental(tiny_app):
                 if len(arrivals) == 1:
                     in_flight = stats("e4b")["active"]
     assert in_flight == 1  # the first chunk came while the replica was still generating
-    assert len(arrivals) >= 100 and arrivals[0] < arrivals[-1] / 3
+    # tokens are coalesced into at most one message per stream_interval_ms (40): ~1 s of tokens, many chunks
+    assert len(arrivals) >= 10 and arrivals[0] < arrivals[-1] / 3
 
 
 def test_disconnect_stops_generation(tiny_app):
