@@ -78,7 +78,7 @@ def main() -> int:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         spec = {"name": "m", "path": str(path), "backend": "cpu", "max_context": 512}
         serve.run(build_app(AppArgs(models=[spec], accelerator_resource="")), name="bench", route_prefix="/")
-        engine = build_engine(WorkerConfig(model=str(path), max_context=512))
+        engine = build_engine(WorkerConfig(model=str(path), max_context=512, threads=1))  # as the replica
         ids = list(range(2, 34))
         rows = {"direct": [], "http": []}
         with httpx.Client(timeout=120) as client:

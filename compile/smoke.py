@@ -154,13 +154,13 @@ def _tiny(name: str, tp: int) -> tuple[bool, str]:
                            "cpu": WorkerConfig(model=str(ckpt), tp=tp, max_context=64, prefill_buckets=(16, 32),
                                                max_batch=2, dtype="bfloat16")}.items():
             engine = build_engine(cfg)
-            rec = _Recorder(engine.backend)
+            rec = LogitsRecorder(engine.backend)
             engine.backend = rec
             seqs = [engine.new_sequence(p, SamplingParams(max_new_tokens=24, ignore_eos=True)) for p in prompts]
             out = {s.seq_id: [] for s in seqs}
             for ev in engine.run_all(seqs):
                 out[ev.seq_id].append(ev.token_id)
-            runs[label] = ([out[s.seq_id] for s in seqs], rec.logits)
+            runs[label] = ([out[s.seq_id] for s in seqs], [logits for _, logits in rec.calls])
             engine.close()
     (dev, dev_logits), (cpu, cpu_logits) = runs["neuron"], runs["cpu"]
     worst = max((a.float() - b.float()).abs().max().item() for a, b in zip(dev_logits, cpu_logits))
@@ -169,19 +169,21 @@ def _tiny(name: str, tp: int) -> tuple[bool, str]:
                                               f"{worst:.3f} (tolerance {LOGIT_TOL})")
 
 
-class _Recorder:
+class LogitsRecorder:
+    """Wraps a backend and keeps (phase, logits) of every call, to compare two backends step by step."""
+
     def __init__(self, backend):
-        self.inner, self.logits = backend, []
+        self.inner, self.calls = backend, []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def prefill(self, bucket, inputs):
         out = self.inner.prefill(bucket, inputs)
-        self.logits.append(out.clone())
+        self.calls.append(("prefill", out.clone()))
         return out
 
     def decode(self, inputs):
         out = self.inner.decode(inputs)
-        self.logits.append(out.clone())
+        self.calls.append(("decode", out.clone()))
         return out

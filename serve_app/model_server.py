@@ -131,7 +131,7 @@ class ModelServer:
         timer.prompt(len(seq.prompt_ids))
         self.loop.submit(seq, lambda ev: loop.call_soon_threadsafe(events.put_nowait, (time.perf_counter(), ev)))
         yield Started(len(seq.prompt_ids))
-        text, ids, n, sent = [], [], 0, 0.0
+        text, ids, n, sent, done = [], [], 0, 0.0, False
         interval = self.spec.stream_interval_ms / 1e3
         try:
             while True:
@@ -143,6 +143,7 @@ class ModelServer:
                     batch.append(events.get_nowait())
                 for at, ev in batch:
                     if isinstance(ev, FailedEvent):
+                        done = True
                         yield Failed(500, f"generation failed: {ev.message}", "internal_error", type="server_error")
                         return
                     timer.token(at, seq.admitted_at)
@@ -154,11 +155,12 @@ class ModelServer:
                     yield Delta("".join(text), tuple(ids))
                     text, ids, sent = [], [], time.perf_counter()
                 if final.final:
+                    done = True
                     yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text))
                     return
-        except asyncio.CancelledError:  # the caller went away: free the slot at the next step
-            self.loop.cancel(seq.seq_id)
-            raise
+        finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
+            if not done:
+                self.loop.cancel(seq.seq_id)
 
     def __del__(self):
         loop = getattr(self, "loop", None)

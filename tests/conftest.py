@@ -11,6 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+from compile.smoke import LogitsRecorder  # noqa: F401  (shared with the tests: the backend has no hooks)
 from neuron_workers.tiny import TINY, ensure_tiny
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -57,26 +58,6 @@ def hf_reference(model_dir, dtype=torch.float32):
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
     return out[0, len(ids):].tolist()
-
-
-class LogitsRecorder:
-    """Wraps a backend and keeps the logits of every call (the test's view; the backend has no hooks)."""
-
-    def __init__(self, backend):
-        self.inner, self.calls = backend, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def prefill(self, bucket, inputs):
-        out = self.inner.prefill(bucket, inputs)
-        self.calls.append(("prefill", out.clone()))
-        return out
-
-    def decode(self, inputs):
-        out = self.inner.decode(inputs)
-        self.calls.append(("decode", out.clone()))
-        return out
 
 
 def free_port() -> int:

@@ -55,13 +55,14 @@ def test_huge_body_is_refused_fast_while_a_stream_keeps_its_pace(app):
     huge = json.dumps({"model": "a", "prompt": "x" * (10 * 1024 * 1024)}).encode()
 
     async def stream():
-        arrivals = []
+        arrivals, chars = [], 0
         async with httpx.AsyncClient(timeout=60) as h:
             async with h.stream("POST", f"{app}/completions", json=body, headers=AUTH) as r:
                 async for line in r.aiter_lines():
-                    if line.startswith("data: "):
+                    if line.startswith("data: {"):
                         arrivals.append(time.perf_counter())
-        return arrivals
+                        chars += sum(len(c["text"]) for c in json.loads(line[6:])["choices"])
+        return arrivals, chars
 
     async def attack():
         await asyncio.sleep(0.8)
@@ -75,11 +76,24 @@ def test_huge_body_is_refused_fast_while_a_stream_keeps_its_pace(app):
     async def both():
         return await asyncio.gather(stream(), attack())
 
-    arrivals, (r, took, health) = asyncio.run(both())
+    (arrivals, chars), (r, took, health) = asyncio.run(both())
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large" and took < 2.0
     assert health == 200
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    assert len(arrivals) >= 150 and max(gaps) < 0.5, max(gaps)  # tokens every ~20 ms, no stall
+    # a token (one character here) every ~20 ms, sent at most every 40 ms: no stall while the 10 MB arrived
+    assert chars == 150 and len(arrivals) >= 30 and max(gaps) < 0.5, (len(arrivals), max(gaps))
+
+
+def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing(app):
+    """Under the body limit but far over the context: refused from its length alone (the fake model's
+    context is 4096 tokens and its tokens are one character long)."""
+    with httpx.Client(timeout=30) as h:
+        t = time.perf_counter()
+        r = h.post(f"{app}/completions", json={"model": "a", "prompt": "y" * 900_000}, headers=AUTH)
+        took = time.perf_counter() - t
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert "900000 characters" in err["message"] and took < 2.0
 
 
 BAD = [
