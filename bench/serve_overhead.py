@@ -1,5 +1,6 @@
 """What Ray Serve + HTTP adds: time to first token and decode tokens/s through the OpenAI endpoint
-(streaming) vs calling the engine directly in this process, same tiny model, same run, interleaved.
+(streaming) vs calling the engine directly in this process, same tiny model and settings as the replica
+(one thread, max_batch 8), same run, interleaved.
 
     python bench/serve_overhead.py [--tokens 128] [--repeats 5] [--model gemma4-e4b-tiny]
 
@@ -78,7 +79,8 @@ def main() -> int:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         spec = {"name": "m", "path": str(path), "backend": "cpu", "max_context": 512}
         serve.run(build_app(AppArgs(models=[spec], accelerator_resource="")), name="bench", route_prefix="/")
-        engine = build_engine(WorkerConfig(model=str(path), max_context=512, threads=1))  # as the replica
+        # as the replica runs it: one thread, graphs for max_batch rows (8 by default; one row is live here)
+        engine = build_engine(WorkerConfig(model=str(path), max_context=512, threads=1, max_batch=8))
         ids = list(range(2, 34))
         rows = {"direct": [], "http": []}
         with httpx.Client(timeout=120) as client:
