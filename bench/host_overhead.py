@@ -118,7 +118,8 @@ def main() -> int:
             info = type("info", (), {"model_dir": "stand-in", "sampling_defaults": {}})
 
         Model.ple = ple
-        print(f"E2B host side: vocab {VOCAB:,}, PLE {LAYERS}x{PLE_DIM} bf16 (mmap), {torch.get_num_threads()} thread(s)")
+        print(f"E2B host side: vocab {VOCAB:,}, PLE {LAYERS}x{PLE_DIM} bf16 (mmap), "
+              f"{torch.get_num_threads()} thread(s)")
         for label, (batch, params) in rows.items():
             backend = StandInBackend(batch)
             engine = Engine(Model, backend)

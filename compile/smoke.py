@@ -133,11 +133,11 @@ def _toy() -> tuple[bool, str]:
             got = model.forward(ids, slot, model_name="four" if ids.shape[0] == 4 else "eight")
             got = got[0] if isinstance(got, (tuple, list)) else got
             worst = max(worst, (got.float() - want.float()).abs().max().item())
-    return worst < 1e-3, f"3 calls over 2 graphs sharing state: max |device - cpu| = {worst:.2e}; weights {sorted(names)}"
+    return worst < 1e-3, (f"3 calls over 2 graphs sharing state: max |device - cpu| = {worst:.2e}; "
+                          f"weights {sorted(names)}")
 
 
 def _tiny(name: str, tp: int) -> tuple[bool, str]:
-    import torch
 
     from compile.build import build
     from neuron_workers.params import SamplingParams

@@ -126,7 +126,8 @@ class Engine:
         inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
         logits = self.backend.prefill(bucket, inputs)
         self.batch.start(seq.slot, len(ids))
-        return self._emit(seq, sample_rows(logits, [(0, seq.params, seq.generator)], self.dims.final_logit_softcapping)[0])
+        token = sample_rows(logits, [(0, seq.params, seq.generator)], self.dims.final_logit_softcapping)[0]
+        return self._emit(seq, token)
 
     def _decode(self, running: list[Sequence]) -> list[EngineEvent]:
         try:

@@ -6,7 +6,6 @@ sliding window (8) while its neighbours do not. Also seeded sampling, cancellati
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conftest import NAMES, LogitsRecorder
 from neuron_workers.errors import ContextLengthError
@@ -20,8 +19,8 @@ JOBS = [(5, 40, 0), (13, 12, 0), (37, 20, 2), (3, 4, 3), (2, 5, 5), (20, 30, 9)]
 
 
 def engine(path, max_batch, dtype="float32", **kw):
-    eng = build_engine(WorkerConfig(model=str(path), max_context=CTX, prefill_buckets=BUCKETS, max_batch=max_batch, dtype=dtype,
-                                    **kw))
+    eng = build_engine(WorkerConfig(model=str(path), max_context=CTX, prefill_buckets=BUCKETS, max_batch=max_batch,
+                                    dtype=dtype, **kw))
     eng.backend = LogitsRecorder(eng.backend)
     return eng
 

@@ -95,5 +95,5 @@ def test_build_check_names_what_does_not_match():
     assert check_traces({"decode": artifacts(["a", "b"], kv)}, {"a", "b", "c"}, kv) == {"a", "b"}
     with pytest.raises(UserError, match=r"graph prefill_16 takes weights we would not save: \['rope.inv_freq'\]"):
         check_traces({"prefill_16": artifacts(["a", "rope.inv_freq"], kv)}, {"a"}, kv)
-    with pytest.raises(UserError, match=r"graph decode: its device state is not exactly the KV buffers \(missing \['v_0'\]"):
+    with pytest.raises(UserError, match=r"its device state is not exactly the KV buffers \(missing \['v_0'\]"):
         check_traces({"decode": artifacts(["a"], {"k_0"})}, {"a"}, kv)

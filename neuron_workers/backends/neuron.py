@@ -7,7 +7,8 @@ tests/neuron_double.py stands in for the SDK and rejects what the real one would
 Design (one path for tp=1 and tp=2):
 - `NeuronGraphModel` holds the KV buffers ([max_batch, ...]) as registered buffers and updates them out
   of place as a function of their old value, so ModelBuilder V2 links them as device-resident state
-  shared by every prefill bucket and the decode graph (no KV crosses the host between steps). The graph inputs are explicit positional tensors:
+  shared by every prefill bucket and the decode graph (no KV crosses the host between steps). The graph
+  inputs are explicit positional tensors:
   int32 ids/positions/indices, bf16 masks built with finfo.min, bf16 per-layer inputs (PLE stays on
   the host); logits come back without the soft-cap.
 - TP: the same `shard_plan` / `tp_modules.apply_tp` as the CPU path, with NxD's collectives at the same
