@@ -28,7 +28,7 @@ STRICT = ConfigDict(extra="ignore", strict=True)  # "stream": "yes" or "max_toke
 
 
 def utf8(v):
-    """Refuse strings that cannot be encoded as UTF-8 (lone surrogates such as "\ud800")."""
+    """Refuse strings that cannot be encoded as UTF-8 (lone surrogates such as "\\ud800")."""
     for s in [v] if isinstance(v, str) else v if isinstance(v, list) else []:
         if isinstance(s, str):
             try:
@@ -68,7 +68,8 @@ class SamplingFields(BaseModel):
     def _unsupported(cls, data):
         if isinstance(data, dict):
             for name, unused in UNSUPPORTED.items():
-                if data.get(name, unused) not in (unused, None):
+                value = data.get(name, unused)
+                if value not in (unused, None) and value != [] and value != {}:  # empty: nothing asked for
                     raise UnsupportedField(name)
         return data
 
