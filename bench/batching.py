@@ -20,13 +20,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from neuron_workers.params import SamplingParams  # noqa: E402
-from neuron_workers.tiny import ensure_tiny  # noqa: E402
-from neuron_workers.worker import WorkerConfig, build_engine  # noqa: E402
+from neuron_workers.config import EngineConfig  # noqa: E402
+from neuron_workers.engine.params import SamplingParams  # noqa: E402
+from neuron_workers.factory import build_engine  # noqa: E402
+from neuron_workers.testing.tiny import ensure_tiny  # noqa: E402
 
 
 def run(engine, prompts, n) -> tuple[float, list[list[int]]]:
-    seqs = [engine.new_sequence(p, SamplingParams(max_new_tokens=n, ignore_eos=True)) for p in prompts]
+    seqs = [engine.new_sequence(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
     out = {s.seq_id: [] for s in seqs}
     for s in seqs:
         engine.add(s)
@@ -54,7 +55,7 @@ def main() -> int:
         path = ensure_tiny(tmp)[args.model]
         rate, ref = {}, {}
         for b in sizes:
-            engine = build_engine(WorkerConfig(model=str(path), max_context=args.max_context, max_batch=b,
+            engine = build_engine(EngineConfig(model=str(path), max_context=args.max_context, max_batch=b,
                                                threads=args.threads))
             run(engine, prompts[:b], 8)  # warm-up
             best = 0.0

@@ -18,9 +18,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from neuron_workers.params import SamplingParams  # noqa: E402
-from neuron_workers.tiny import COMMON, write_checkpoint  # noqa: E402
-from neuron_workers.worker import WorkerConfig, build_engine  # noqa: E402
+from neuron_workers.config import EngineConfig  # noqa: E402
+from neuron_workers.engine.params import SamplingParams  # noqa: E402
+from neuron_workers.factory import build_engine  # noqa: E402
+from neuron_workers.testing.tiny import COMMON, write_checkpoint  # noqa: E402
 
 MID = dict(COMMON, vocab_size=32768, hidden_size=512, intermediate_size=2048, head_dim=64, global_head_dim=128,
            sliding_window=128, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2,
@@ -30,7 +31,7 @@ MID = dict(COMMON, vocab_size=32768, hidden_size=512, intermediate_size=2048, he
 
 
 def ours(engine, ids, n):
-    params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+    params = SamplingParams(max_tokens=n, ignore_eos=True)
     it = engine.generate(ids, params)
     toks = [next(it).token_id]  # prefill + first token, not timed
     t = time.perf_counter()
@@ -61,7 +62,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_checkpoint(Path(tmp) / "mid", "gemma4", MID)
-        engine = build_engine(WorkerConfig(model=str(path), max_context=args.max_context, cpu_mode=args.cpu_mode))
+        engine = build_engine(EngineConfig(model=str(path), max_context=args.max_context, cpu_mode=args.cpu_mode,
+                                           max_batch=1))
         ref = tf.Gemma4ForConditionalGeneration.from_pretrained(str(path), attn_implementation="eager").eval()
         ref.generation_config.eos_token_id = None
         ids = list(range(100, 164))

@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from neuron_workers.dims import SLIDING  # noqa: E402
-from neuron_workers.engine import Engine  # noqa: E402
-from neuron_workers.ple import PleTable  # noqa: E402
-from neuron_workers.params import SamplingParams  # noqa: E402
-from neuron_workers.spec import make_spec  # noqa: E402
+from neuron_workers.engine.engine import Engine  # noqa: E402
+from neuron_workers.engine.params import SamplingParams  # noqa: E402
+from neuron_workers.model.dims import SLIDING  # noqa: E402
+from neuron_workers.model.ple import PleTable  # noqa: E402
+from neuron_workers.model.spec import make_spec  # noqa: E402
 
 VOCAB, LAYERS, PLE_DIM = 262_144, 35, 256
 GOAL_MS = {1: 0.5, 8: 2.0}
@@ -101,11 +101,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from neuron_workers.tiny_tokenizer import build_tokenizer
+    from neuron_workers.testing.tiny_tokenizer import build_tokenizer
 
     n = args.steps + 10
-    greedy = SamplingParams(max_new_tokens=n, ignore_eos=True)
-    sampled = [SamplingParams(max_new_tokens=n, temperature=t, top_k=64, top_p=p, seed=i, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=n, ignore_eos=True)
+    sampled = [SamplingParams(max_tokens=n, temperature=t, top_k=64, top_p=p, seed=i, ignore_eos=True)
                for i, (t, p) in enumerate([(1.0, 0.95), (0.7, 0.9), (1.2, 1.0), (0.9, 0.5)])]
     rows = {"B=1 greedy": (1, [greedy]), "B=1 sampled (T=1, top_k=64, top_p=0.95)": (1, sampled[:1]),
             "B=8 mixed (4 greedy + 4 sampled, own seeds)": (8, [greedy] * 4 + sampled)}

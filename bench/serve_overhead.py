@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def direct(engine, ids, n):
-    from neuron_workers.params import SamplingParams
+    from neuron_workers.engine.params import SamplingParams
 
     t0 = time.perf_counter()
-    it = engine.generate(ids, SamplingParams(max_new_tokens=n, ignore_eos=True))
+    it = engine.generate(ids, SamplingParams(max_tokens=n, ignore_eos=True))
     next(it)
     t1 = time.perf_counter()
     count = 1 + sum(1 for _ in it)
@@ -65,8 +65,9 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from neuron_workers.tiny import ensure_tiny
-    from neuron_workers.worker import WorkerConfig, build_engine
+    from neuron_workers.config import EngineConfig
+    from neuron_workers.factory import build_engine
+    from neuron_workers.testing.tiny import ensure_tiny
     from serve_app.app import build_app
     from serve_app.config import AppArgs
 
@@ -80,7 +81,7 @@ def main() -> int:
         spec = {"name": "m", "path": str(path), "backend": "cpu", "max_context": 512}
         serve.run(build_app(AppArgs(models=[spec], accelerator_resource="")), name="bench", route_prefix="/")
         # as the replica runs it: one thread, graphs for max_batch rows (8 by default; one row is live here)
-        engine = build_engine(WorkerConfig(model=str(path), max_context=512, threads=1, max_batch=8))
+        engine = build_engine(EngineConfig(model=str(path), max_context=512, threads=1, max_batch=8))
         ids = list(range(2, 34))
         rows = {"direct": [], "http": []}
         with httpx.Client(timeout=120) as client:

@@ -67,19 +67,22 @@ def _build(args) -> int:
     if args.jobs < 1:
         raise UserError("--jobs must be >= 1")
     if not args.config:
+        from neuron_workers.config import EngineConfig
+
         dtype = args.dtype or ("bfloat16" if args.backend == "neuron" else "float32")
-        build(args.model, args.backend, args.tp, args.batch, args.max_context, args.prefill_buckets, dtype,
-              args.out, progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        cfg = EngineConfig(model=args.model, backend=args.backend, tp=args.tp, max_context=args.max_context,
+                           prefill_buckets=args.prefill_buckets, dtype=dtype, artifacts=args.out,
+                           max_batch=args.batch)
+        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs)
         return 0
     from compile.serve_config import read_serve_config, select
 
     _, entries = read_serve_config(args.config)
     for e in select(entries, args.model):
-        if not e.artifacts:
+        if not e.engine.artifacts:
             raise UserError(f"model {e.name!r} in {args.config} names no `artifacts` directory to build into")
-        print(f"== {e.name}: {e.path} -> {e.artifacts}", flush=True)
-        build(e.path, e.backend, e.tp, e.max_batch, e.max_context, e.prefill_buckets, e.dtype, e.artifacts,
-              progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        print(f"== {e.name}: {e.engine.model} -> {e.engine.artifacts}", flush=True)
+        build(e.engine, progress=lambda m: print(m, flush=True), jobs=args.jobs)
     return 0
 
 
@@ -96,8 +99,9 @@ def _plan(args) -> int:
         instance, entries = read_serve_config(args.config)
         if not instance:
             raise UserError(f"{args.config} names no `instance` in its args: say which inf2 size it is for")
-        jobs = [(e.path, e.tp, e.max_batch, e.max_context or 4096, instance,
-                 max(e.prefill_buckets) if e.prefill_buckets else None) for e in select(entries, args.model)]
+        jobs = [(e.engine.model, e.engine.tp, e.engine.batch, e.engine.max_context or 4096, instance,
+                 max(e.engine.prefill_buckets) if e.engine.prefill_buckets else None)
+                for e in select(entries, args.model)]
     fits = True
     for model, tp, batch, ctx, instance, bucket in jobs:
         report = make_plan_report(load_text_config(model), tp, batch, ctx, instance, bucket)

@@ -8,31 +8,31 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from neuron_workers.manifest import Manifest, config_hash, installed_versions
+from neuron_workers.artifacts.manifest import Manifest, config_hash, installed_versions
+from neuron_workers.config import EngineConfig, resolve_context
 from neuron_workers.errors import UserError
-from neuron_workers.loader import DTYPES, load_model
-from neuron_workers.spec import DECODE, PREFILL, make_spec
-from neuron_workers.worker import resolve_buckets, resolve_context
+from neuron_workers.factory import resolve_buckets
+from neuron_workers.model.loader import DTYPES, load_model
+from neuron_workers.model.spec import DECODE, PREFILL, make_spec
 
 
-def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | None, buckets, dtype: str,
-          out_dir: str, progress=print, jobs: int = 1) -> Manifest:
-    if not 1 <= batch <= 256:
-        raise UserError(f"--batch must be in [1, 256], got {batch}")
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+def build(cfg: EngineConfig, progress=print, jobs: int = 1) -> Manifest:
+    """Build `cfg.model` for `cfg.backend` into `cfg.artifacts` (batch: `cfg.batch`)."""
+    backend, tp, batch, dtype = cfg.backend, cfg.tp, cfg.batch, cfg.dtype
+    if not cfg.artifacts:
+        raise UserError("say where to write the artifacts (--out)", param="artifacts")
     if backend == "neuron":
         from neuron_workers.backends.neuron import require_neuron
 
         require_neuron()  # before minutes of loading: say what to install
-    out = Path(out_dir)
+    out = Path(cfg.artifacts)
     if (out / "manifest.json").exists():
         raise UserError(f"{out} already holds artifacts: choose another --out or remove it")
     t0 = time.perf_counter()
-    loaded = load_model(model_dir, DTYPES[dtype])
-    ctx = resolve_context(max_context, loaded.dims.max_position_embeddings)
-    buckets = resolve_buckets(tuple(buckets) if buckets else None, ctx)
-    progress(f"loaded {model_dir} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
+    loaded = load_model(cfg.model, DTYPES[dtype])
+    ctx = resolve_context(cfg.max_context, loaded.dims.max_position_embeddings)
+    buckets = resolve_buckets(cfg.prefill_buckets, ctx)
+    progress(f"loaded {cfg.model} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
              f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode, context {ctx}, tp {tp}, "
              f"batch {batch}")
     out.mkdir(parents=True, exist_ok=True)
@@ -44,7 +44,7 @@ def build(model_dir: str, backend: str, tp: int, batch: int, max_context: int | 
         flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
-        raise UserError(f"unknown backend {backend!r}; use cpu or neuron")
+        raise UserError(f"compile build does not build for the {backend} backend", param="backend")
     manifest = Manifest(backend, config_hash(loaded.info.text_config), loaded.info.model_type, tp, batch, ctx,
                         list(buckets), dtype, flags, installed_versions(backend), graphs)
     manifest.write(out)
@@ -56,7 +56,7 @@ def _build_cpu(loaded, tp, batch, ctx, buckets, out: Path, progress) -> dict[str
     import torch
 
     from neuron_workers.backends.cpu import export_graph
-    from neuron_workers.graphs import build_graph
+    from neuron_workers.model.graphs import build_graph
 
     if tp != 1:
         raise UserError("cpu artifacts are single-rank: build with --tp 1 (the cpu backend runs tp=2 "

@@ -16,9 +16,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from neuron_workers.dims import FULL, ModelDims
 from neuron_workers.errors import UserError
-from neuron_workers.shard_plan import ShardPlan, intermediate_sizes, make_plan
+from neuron_workers.model.dims import FULL, SLIDING, ModelDims
+from neuron_workers.parallel.shard_plan import ShardPlan, intermediate_sizes, make_plan
 
 GIB = 1024**3
 HBM_PER_CORE = 16 * GIB
@@ -51,7 +51,7 @@ class Plan:
 
 def load_text_config(path: str | Path):
     """A checkpoint directory (config.json) or a config json file (full or text_config only)."""
-    from neuron_workers.checkpoint import text_config_from_dict
+    from neuron_workers.model.checkpoint import text_config_from_dict
 
     p = Path(path)
     f = p / "config.json" if p.is_dir() else p
@@ -98,11 +98,9 @@ def weights_per_core(cfg, dims: ModelDims, plan: ShardPlan, bytes_per: int = BF1
 
 
 def kv_per_core(dims: ModelDims, plan: ShardPlan, batch: int, ctx: int, bytes_per: int = BF16) -> int:
-    total = 0
-    for i in dims.kv_layers:
-        _, heads, slots, hd = dims.kv_shape(i, batch, ctx, plan.layers[i].kv_heads)
-        total += 2 * batch * heads * slots * hd * bytes_per
-    return total
+    """Full layers keep every position of the context, sliding layers a ring of the window."""
+    per_token = plan.kv_bytes_per_token(bytes_per)
+    return batch * (per_token[FULL] * ctx + per_token[SLIDING] * dims.ring_size(ctx))
 
 
 def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: int, ctx: int | None = None) -> int:

@@ -1,29 +1,24 @@
 """Reading the serve YAML (configs/*.yaml) for `compile build --config` and `compile plan --config`: one
-source of truth for tp, context, buckets, batch and dtype. Plain YAML reading, no Ray or serve_app import
-(imports run serve_app -> neuron_workers <- compile)."""
+source of truth for tp, context, buckets, batch and dtype, as `neuron_workers.config.EngineConfig` (the
+schema the serve app uses too). Plain YAML reading, no Ray or serve_app import (imports run
+serve_app -> neuron_workers <- compile)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_workers.config import EngineConfig
 from neuron_workers.errors import UserError
 
 
 @dataclass(frozen=True)
-class ModelEntry:
+class ServedModel:
     name: str
-    path: str
-    backend: str
-    tp: int
-    max_context: int | None
-    prefill_buckets: tuple[int, ...] | None
-    max_batch: int
-    dtype: str
-    artifacts: str | None
+    engine: EngineConfig
 
 
-def read_serve_config(path: str | Path) -> tuple[str | None, list[ModelEntry]]:
+def read_serve_config(path: str | Path) -> tuple[str | None, list[ServedModel]]:
     """(the instance the file is sized for, its models), paths resolved against the file's project root
     (the directory `serve run` is started in: the parent of configs/)."""
     import yaml
@@ -42,16 +37,16 @@ def read_serve_config(path: str | Path) -> tuple[str | None, list[ModelEntry]]:
     out = []
     for m in models:
         try:
-            out.append(ModelEntry(m["name"], fix(m["path"]), m.get("backend", "cpu"), int(m.get("tp", 1)),
-                                  m.get("max_context"), tuple(m["prefill_buckets"]) if m.get("prefill_buckets")
-                                  else None, int(m.get("max_batch", 8)), m.get("dtype", "float32"),
-                                  fix(m.get("artifacts"))))
+            cfg = EngineConfig.from_mapping({**m, "artifacts": fix(m.get("artifacts"))}, model=fix(m["path"]))
+            out.append(ServedModel(m["name"], cfg))
+        except UserError as e:
+            raise UserError(f"{path}: model {m.get('name')!r}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path}: model entry {m!r} is incomplete: {e}") from None
     return args.get("instance"), out
 
 
-def select(entries: list[ModelEntry], name: str | None) -> list[ModelEntry]:
+def select(entries: list[ServedModel], name: str | None) -> list[ServedModel]:
     if name is None:
         return entries
     chosen = [e for e in entries if e.name == name]

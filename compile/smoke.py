@@ -91,7 +91,8 @@ def _toy() -> tuple[bool, str]:
     import torch
     from torch import nn
 
-    from neuron_workers.backends.neuron import make_buffers_persistent, require_neuron
+    from neuron_workers.backends.neuron import require_neuron
+    from neuron_workers.model.graph_model import make_buffers_persistent
 
     _, nxd = require_neuron()
 
@@ -140,23 +141,26 @@ def _toy() -> tuple[bool, str]:
 def _tiny(name: str, tp: int) -> tuple[bool, str]:
 
     from compile.build import build
-    from neuron_workers.params import SamplingParams
-    from neuron_workers.tiny import write_tiny
-    from neuron_workers.worker import WorkerConfig, build_engine
+    from neuron_workers.backends.recorder import LogitsRecorder
+    from neuron_workers.config import EngineConfig
+    from neuron_workers.engine.params import SamplingParams
+    from neuron_workers.factory import build_engine
+    from neuron_workers.testing.tiny import write_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny(Path(tmp), name)
         art = Path(tmp) / "art"
-        build(str(ckpt), "neuron", tp, 2, 64, [16, 32], "bfloat16", str(art), progress=lambda m: None, jobs=1)
+        build(EngineConfig(str(ckpt), "neuron", tp, 64, (16, 32), "bfloat16", artifacts=str(art), max_batch=2),
+              progress=lambda m: None, jobs=1)
         prompts = [[2] + list(range(40, 59)), [2] + list(range(100, 119))]  # 20 tokens: the ring of 8 wraps
         runs = {}
-        for label, cfg in {"neuron": WorkerConfig(model=str(ckpt), backend="neuron", tp=tp, artifacts=str(art)),
-                           "cpu": WorkerConfig(model=str(ckpt), tp=tp, max_context=64, prefill_buckets=(16, 32),
+        for label, cfg in {"neuron": EngineConfig(model=str(ckpt), backend="neuron", tp=tp, artifacts=str(art)),
+                           "cpu": EngineConfig(model=str(ckpt), tp=tp, max_context=64, prefill_buckets=(16, 32),
                                                max_batch=2, dtype="bfloat16")}.items():
             engine = build_engine(cfg)
             rec = LogitsRecorder(engine.backend)
             engine.backend = rec
-            seqs = [engine.new_sequence(p, SamplingParams(max_new_tokens=24, ignore_eos=True)) for p in prompts]
+            seqs = [engine.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
             out = {s.seq_id: [] for s in seqs}
             for ev in engine.run_all(seqs):
                 out[ev.seq_id].append(ev.token_id)
@@ -167,23 +171,3 @@ def _tiny(name: str, tp: int) -> tuple[bool, str]:
     same = sum(a == b for d, c in zip(dev, cpu) for a, b in zip(d, c))
     return dev == cpu and worst < LOGIT_TOL, (f"tp={tp}: {same}/48 tokens equal to the cpu backend, max |logit diff| "
                                               f"{worst:.3f} (tolerance {LOGIT_TOL})")
-
-
-class LogitsRecorder:
-    """Wraps a backend and keeps (phase, logits) of every call, to compare two backends step by step."""
-
-    def __init__(self, backend):
-        self.inner, self.calls = backend, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def prefill(self, bucket, inputs):
-        out = self.inner.prefill(bucket, inputs)
-        self.calls.append(("prefill", out.clone()))
-        return out
-
-    def decode(self, inputs):
-        out = self.inner.decode(inputs)
-        self.calls.append(("decode", out.clone()))
-        return out

@@ -1,6 +1,6 @@
 """Command-line generation on one checkpoint:
 
-    python -m neuron_workers.generate --model DIR (--prompt TEXT | --prompt-ids 5,6,7)... --max-new-tokens N
+    python -m neuron_workers.generate --model DIR (--prompt TEXT | --prompt-ids 5,6,7)... --max-tokens N
         [--temperature T --top-k K --top-p P --seed S] [--chat] [--json] [--tp 2] [--max-batch B]
 
 One prompt streams its text to stdout as it is generated, or prints one JSON object with `--json`
@@ -32,7 +32,8 @@ def parse_args(argv):
     ap.add_argument("--prompt", action="append", default=[], help="prompt text (needs the checkpoint's tokenizer)")
     ap.add_argument("--prompt-ids", action="append", type=parse_ids, default=[], help="prompt token ids, e.g. 2,105,9")
     ap.add_argument("--chat", action="store_true", help="wrap --prompt as a user turn with the chat template")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", "--max-new-tokens", dest="max_tokens", type=int, default=64,
+                    help="tokens to generate at most (--max-new-tokens is the same)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0, help="0 = off")
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -58,14 +59,16 @@ def parse_args(argv):
 
 
 def run(args) -> list[dict]:
-    from neuron_workers.params import SamplingParams
-    from neuron_workers.worker import WorkerConfig, build_engine
+    from neuron_workers.config import EngineConfig
+    from neuron_workers.engine.params import SamplingParams
+    from neuron_workers.factory import build_engine
 
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
-    engine = build_engine(WorkerConfig(model=args.model, backend=args.backend, tp=args.tp,
+    engine = build_engine(EngineConfig(model=args.model, backend=args.backend, tp=args.tp,
                                        max_context=args.max_context, dtype=args.dtype, cpu_mode=args.cpu_mode,
-                                       artifacts=args.artifacts, max_batch=args.max_batch, threads=args.threads))
+                                       artifacts=args.artifacts, threads=args.threads,
+                                       max_batch=args.max_batch or (None if args.artifacts else 1)))
     try:
         if args.prompt:
             prompts = [engine.encode_chat([{"role": "user", "content": p}]) if args.chat else engine.encode(p)
@@ -78,13 +81,13 @@ def run(args) -> list[dict]:
 
 
 def _generate(engine, prompts, params, stream: bool) -> list[dict]:
-    from neuron_workers.params import FailedEvent
+    from neuron_workers.engine.events import ErrorEvent
 
     seqs = [engine.new_sequence(ids, params) for ids in prompts]
     start = time.perf_counter()
     rows = {s.seq_id: {"tokens": [], "text": [], "first": None, "finish": None} for s in seqs}
     for ev in engine.run_all(seqs):
-        if isinstance(ev, FailedEvent):
+        if isinstance(ev, ErrorEvent):
             raise RuntimeError(ev.message)
         row = rows[ev.seq_id]
         row["first"] = row["first"] or time.perf_counter()

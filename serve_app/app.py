@@ -46,7 +46,7 @@ def check_accelerators(args: AppArgs) -> None:
 def build_app(args: AppArgs) -> serve.Application:
     args = (args if isinstance(args, AppArgs) else AppArgs(**args)).resolved()
     if args.tiny_dir:
-        from neuron_workers.tiny import ensure_tiny
+        from neuron_workers.testing.tiny import ensure_tiny
 
         ensure_tiny(args.tiny_dir)
     check_accelerators(args)

@@ -1,4 +1,4 @@
-"""Boundary configuration of the Ray Serve app, mirrored 1:1 by the `args` of configs/*.yaml.
+"""Boundary configuration of the Ray Serve app, mirrored 1:1 by the `args` of configs/*.yaml. Imports no torch.
 
 `AppArgs` is what `serve run configs/<x>.yaml` hands the builder; each `ModelSpec` becomes one
 deployment. Relative paths are resolved against `base_dir` (default: the directory `serve run` was
@@ -7,30 +7,36 @@ started in) when the app is built.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import typing
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
+
+from neuron_workers.config import DEFAULT_MAX_BATCH, ENGINE_FIELDS, EngineConfig
+from neuron_workers.errors import UserError
 
 CORES_PER_TP = 1  # a rank runs on one NeuronCore
 API_KEY_ENV = "GEMMA4_API_KEY"
 
 
-class ModelSpec(BaseModel):
+def _engine_fields() -> dict:
+    """The engine settings as pydantic fields, straight from `EngineConfig` (one schema, one set of checks)."""
+    hints = typing.get_type_hints(EngineConfig)
+    return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(EngineConfig) if f.name in ENGINE_FIELDS}
+
+
+EngineFields = create_model("EngineFields", **_engine_fields())
+
+
+class ModelSpec(EngineFields):
+    """One served model: its engine settings (the fields of `neuron_workers.config.EngineConfig`, checked
+    there) plus how Serve runs it."""
+
     name: str = Field(description="Model name clients send as `model`")
     path: str = Field(description="Hugging Face checkpoint directory (config, weights, tokenizer)")
-    backend: Literal["cpu", "neuron"] = "cpu"
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree; a replica pins tp NeuronCores")
-    max_context: int | None = Field(None, ge=2, description="KV-cache length (cpu default: min(model, 1024))")
-    prefill_buckets: list[int] | None = Field(None, description="Prompt-length buckets (default: powers of 2)")
-    dtype: str = "float32"
-    cpu_mode: Literal["eager", "export", "inductor"] = "eager"
-    artifacts: str | None = Field(None, description="Compiled graphs (`python -m compile build --out`)")
-    max_batch: int = Field(8, ge=1, le=256, description="Sequences a replica decodes together (KV rows; "
-                           "neuron artifacts must be built for the same number)")
-    threads: int = Field(1, ge=1, description="Torch host threads per replica (replicas share the host's CPUs)")
     stream_interval_ms: float = Field(40.0, ge=0, description="A stream sends at most one message per interval, "
                                       "with every token generated since the last (0: one message per token)")
     engine: str = Field("serve_app.engines:build_worker_engine",
@@ -43,9 +49,12 @@ class ModelSpec(BaseModel):
                                              "or waiting for a slot (default: 2 x max_batch)")
     max_queued_requests: int = Field(16, ge=-1, description="Waiting callers before 503; -1 = unbounded")
 
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.from_mapping(self.model_dump(), self.path)
+
     @property
     def ongoing_limit(self) -> int:
-        return self.max_ongoing_requests or 2 * self.max_batch
+        return self.max_ongoing_requests or 2 * (self.max_batch or DEFAULT_MAX_BATCH)
 
     @property
     def neuron_cores(self) -> int:
@@ -53,8 +62,10 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.backend == "neuron" and not self.artifacts:
-            raise ValueError(f"model {self.name!r}: the neuron backend needs `artifacts` (compiled graphs)")
+        try:
+            self.engine_config()
+        except UserError as e:
+            raise ValueError(f"model {self.name!r}: {e}") from None
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"model {self.name!r}: min_replicas > max_replicas")
         return self

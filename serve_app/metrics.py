@@ -40,7 +40,7 @@ class ServerMetrics:
         return RequestTimer(self)
 
     def step(self, stats) -> None:
-        """Called by the engine thread after every step (an `engine_loop.StepStats`)."""
+        """Called by the engine thread after every step (an `engine.loop.StepStats`)."""
         if stats.decoded:
             self.occupancy.observe(stats.decoded / stats.max_batch)
         now = time.perf_counter()

@@ -22,9 +22,10 @@ import logging
 import os
 import time
 
-from neuron_workers.engine_loop import ServingEngine
+from neuron_workers.engine.events import ErrorEvent
+from neuron_workers.engine.loop import ServingEngine
+from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import ContextLengthError, UserError
-from neuron_workers.params import FailedEvent, SamplingParams
 from serve_app.config import ModelSpec
 from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.metrics import ServerMetrics
@@ -59,7 +60,7 @@ class ModelServer:
     def __init__(self, spec: dict):
         self.spec = ModelSpec(**spec)
         self.cores = check_visible_cores(self.spec)
-        from neuron_workers.engine_loop import EngineLoop  # torch arrives with the engine, not with this module
+        from neuron_workers.engine.loop import EngineLoop  # torch arrives with the engine, not with this module
 
         self.engine: ServingEngine = import_attr(self.spec.engine)(self.spec)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
@@ -94,7 +95,7 @@ class ModelServer:
             ids = list(req.prompt)
         max_tokens = req.max_tokens or max(eng.max_context - len(ids), 1)
         sampling = {**eng.sampling_defaults, **dict(req.sampling)}
-        params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
         return eng.new_sequence(ids, params, list(req.stop))
 
     def _check_text_length(self, chars: int, param: str) -> None:
@@ -142,7 +143,7 @@ class ModelServer:
                 while not events.empty():
                     batch.append(events.get_nowait())
                 for at, ev in batch:
-                    if isinstance(ev, FailedEvent):
+                    if isinstance(ev, ErrorEvent):
                         done = True
                         yield Failed(500, f"generation failed: {ev.message}", "internal_error", type="server_error")
                         return

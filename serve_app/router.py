@@ -25,9 +25,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serve_app import gate
 from serve_app import protocol as P
 from serve_app.events import Delta, Failed, Finished
-from serve_app import gate
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")

@@ -11,8 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-from compile.smoke import LogitsRecorder  # noqa: F401  (shared with the tests: the backend has no hooks)
-from neuron_workers.tiny import TINY, ensure_tiny
+from neuron_workers.testing.tiny import TINY, ensure_tiny
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -46,7 +45,7 @@ def hf_reference(model_dir, dtype=torch.float32):
     """transformers' multimodal class loading the checkpoint itself: the independent reference."""
     import transformers as tf
 
-    from neuron_workers.checkpoint import read_checkpoint_info
+    from neuron_workers.model.checkpoint import read_checkpoint_info
 
     cls = {"gemma4": tf.Gemma4ForConditionalGeneration,
            "gemma4_unified": tf.Gemma4UnifiedForConditionalGeneration}[read_checkpoint_info(model_dir).model_type]
@@ -74,7 +73,7 @@ def serve_url():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_TMPDIR", "/tmp/g4ray")
-    tests = str(Path(__file__).resolve().parent)  # replicas import test doubles (fake_engine) from here
+    tests = str(Path(__file__).resolve().parent)  # replicas import test doubles (doubles.fake_engine) from here
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
     import ray
     from ray import serve

@@ -1,6 +1,6 @@
 """Tensor-parallel CPU backend: one spawned process per rank, joined by torch.distributed (gloo).
 
-Each rank loads the checkpoint, shards it with `tp_modules.apply_tp` and keeps its own KV buffers
+Each rank loads the checkpoint, shards it with `parallel.layers.apply_tp` and keeps its own KV buffers
 (as each NeuronCore would). The driver (the engine's process) sends every rank the same host-built
 inputs and reads the logits back from rank 0 (every rank holds the same all-gathered logits).
 """
@@ -15,7 +15,8 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-from neuron_workers.spec import DECODE, PREFILL, GraphSpec, make_spec
+from neuron_workers.backends.base import GraphBackend
+from neuron_workers.model.spec import PREFILL, GraphSpec
 
 REPLY_TIMEOUT_S = float(os.environ.get("GEMMA4_TP_TIMEOUT_S", "600"))
 
@@ -25,9 +26,10 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
         import torch.distributed as dist
 
         from neuron_workers.backends.cpu import CpuBackend
-        from neuron_workers.loader import load_model
-        from neuron_workers.shard_plan import plan_for
-        from neuron_workers.tp_modules import TorchDistCollectives, apply_tp
+        from neuron_workers.model.loader import load_model
+        from neuron_workers.parallel.collectives import TorchDistCollectives
+        from neuron_workers.parallel.layers import apply_tp
+        from neuron_workers.parallel.shard_plan import plan_for
 
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=tp)
@@ -41,7 +43,7 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
             cmd = cmds.get()
             if cmd[0] == "close":
                 break
-            logits = backend.prefill(cmd[1], cmd[2]) if cmd[0] == "prefill" else backend.decode(cmd[2])
+            logits = backend.prefill(cmd[1], cmd[2]) if cmd[0] == PREFILL else backend.decode(cmd[2])
             if rank == 0:
                 replies.put(("logits", rank, logits.clone()))
         dist.destroy_process_group()
@@ -49,16 +51,17 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
         replies.put(("error", rank, traceback.format_exc()))
 
 
-class TpCpuBackend:
+class TpCpuBackend(GraphBackend):
+    """The driver side: host inputs are the same on every rank (KV is per rank and stays there)."""
+
     def __init__(self, model_dir, dims, tp: int, max_context: int, buckets, dtype=torch.float32,
                  mode: str = "eager", max_batch: int = 1):
-        from neuron_workers.loader import load_model
-        from neuron_workers.shard_plan import plan_for
+        from neuron_workers.model.loader import load_model
+        from neuron_workers.parallel.shard_plan import plan_for
 
-        self.dims, self.tp, self.dtype = dims, tp, dtype
-        self.max_context, self.buckets, self.max_batch = max_context, tuple(sorted(buckets)), max_batch
-        self.plan = plan_for(load_model(model_dir, dtype, with_weights=False).info.text_config, tp)
-        self._specs: dict[tuple, GraphSpec] = {}
+        plan = plan_for(load_model(model_dir, dtype, with_weights=False).info.text_config, tp)
+        super().__init__(dims, max_context, buckets, max_batch, dtype, plan.kv_heads)
+        self.tp, self.plan = tp, plan
         ctx = mp.get_context("spawn")
         self._init_file = tempfile.NamedTemporaryFile(prefix="gemma4-tp-", delete=False).name
         os.unlink(self._init_file)
@@ -70,14 +73,6 @@ class TpCpuBackend:
         for p in self.procs:
             p.start()
         self._collect("ready", tp)
-
-    def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
-        """The driver-side view: host inputs are the same on every rank (KV is per rank and stays there)."""
-        key = (phase, bucket if phase == PREFILL else 1)
-        if key not in self._specs:
-            self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
-                                         kv_heads=self.plan.kv_heads)
-        return self._specs[key]
 
     def _collect(self, kind: str, n: int) -> dict[int, object]:
         got = {}
@@ -93,16 +88,10 @@ class TpCpuBackend:
             got[rank] = payload
         return got
 
-    def _run(self, phase: str, bucket: int, inputs) -> torch.Tensor:
+    def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
         for q in self.cmds:
-            q.put((phase, bucket, tuple(t.clone() for t in inputs)))
+            q.put((spec.phase, spec.seq_len, tuple(t.clone() for t in inputs)))
         return self._collect("logits", 1)[0]
-
-    def prefill(self, bucket: int, inputs) -> torch.Tensor:
-        return self._run("prefill", bucket, inputs)
-
-    def decode(self, inputs) -> torch.Tensor:
-        return self._run(DECODE, 1, inputs)
 
     def close(self) -> None:
         for q, p in zip(self.cmds, self.procs):

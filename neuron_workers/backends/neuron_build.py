@@ -3,7 +3,7 @@ one `NeuronGraphModel` (so all graphs share the device KV state), check what eac
 and as state against what we save, compile with per-phase flags and a bound on parallel compiler jobs,
 and save the NxDModel plus each rank's weights.
 
-WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/neuron_double.py
+WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/doubles/neuron_double.py
 stands in for the SDK and enforces the rules the real one does. Compiling needs a Neuron host:
 NxDParallelState probes the platform; `--target inf2` is a neuronx-cc flag, not a cross-compile switch.
 """
@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_workers.backends.neuron import (ID_DTYPE, MODEL_FILE, PHASE_FLAGS, WEIGHTS_DIR, NxdCollectives,
-                                            graph_model, make_buffers_persistent, rank_state_dict, require_neuron)
+import torch
+
+from neuron_workers.backends.neuron import MODEL_FILE, PHASE_FLAGS, WEIGHTS_DIR, require_neuron
 from neuron_workers.errors import UserError
-from neuron_workers.spec import DECODE, PREFILL, make_spec
+from neuron_workers.model.graph_model import ID_DTYPE, NeuronGraphModel, graph_model, make_buffers_persistent
+from neuron_workers.model.spec import DECODE, PREFILL, make_spec
+from neuron_workers.parallel.collectives import NxdCollectives
 
 INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
 
@@ -26,8 +29,8 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
     _, nxd = require_neuron()
     from safetensors.torch import save_file
 
-    from neuron_workers.shard_plan import plan_for
-    from neuron_workers.tp_modules import apply_tp
+    from neuron_workers.parallel.layers import apply_tp
+    from neuron_workers.parallel.shard_plan import plan_for
 
     dims, dtype = loaded.dims, loaded.dtype
     persistent = make_buffers_persistent(loaded.hf_lm)
@@ -57,6 +60,23 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         kept = {k: v.contiguous().clone() for k, v in w.items() if k in traced}  # tied duplicates drop out
         save_file(kept, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
     return flags
+
+
+def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan, rank: int) -> dict:
+    """Rank `rank`'s weights for `model` (built for any rank), sliced from the full HF state dict."""
+    from neuron_workers.parallel.layers import shard_tensor
+
+    out = {}
+    for key in model.state_dict():
+        if key in model.kv_names:
+            continue  # KV state starts at zero on the device
+        hf_key = key.removeprefix("lm.").replace("lm_head.embedding.", "model.embed_tokens.")
+        hf_key = "model.embed_tokens.weight" if hf_key == "lm_head.weight" else hf_key  # tied
+        if hf_key.endswith("vocab_start"):
+            out[key] = torch.tensor([rank * plan.vocab_per_rank], dtype=torch.int32)
+        else:
+            out[key] = shard_tensor(plan, hf_key, full[hf_key], rank)
+    return out
 
 
 def check_traces(artifacts: dict, saved: set[str], kv_names: set[str]) -> set[str]:

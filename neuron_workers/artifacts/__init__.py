@@ -1,0 +1,1 @@
+"""Compiled artifacts: the manifest `compile build` writes (`manifest`) and serving from them (`load`)."""

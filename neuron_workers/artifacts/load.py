@@ -1,0 +1,36 @@
+"""Serving from artifacts: read the manifest, refuse a mismatch (config, shapes, versions) with a message
+naming it, and build the backend the artifacts were made for (with the loaded model it serves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from neuron_workers.artifacts.manifest import Manifest
+from neuron_workers.errors import UserError
+from neuron_workers.model.loader import DTYPES, LoadedModel, load_model
+
+
+def load_from_artifacts(cfg) -> tuple[LoadedModel, object]:
+    manifest = Manifest.read(cfg.artifacts)
+    if manifest.backend != cfg.backend:
+        raise UserError(f"artifacts in {cfg.artifacts} were built for the {manifest.backend} backend, "
+                        f"not {cfg.backend}", param="backend")
+    loaded = load_model(cfg.model, DTYPES[manifest.dtype], with_weights=manifest.backend == "cpu")
+    manifest.check(loaded.info.text_config, tp=cfg.tp, max_context=cfg.max_context, max_batch=cfg.max_batch,
+                   prefill_buckets=list(cfg.prefill_buckets) if cfg.prefill_buckets else None)
+    art = Path(cfg.artifacts)
+    if manifest.backend == "cpu":
+        import torch
+
+        from neuron_workers.backends.cpu import CpuBackend
+
+        programs = {tag: torch.export.load(str(art / f)).module() for tag, f in manifest.graphs.items()}
+        backend = CpuBackend(loaded.hf_lm, loaded.dims, manifest.max_context, tuple(manifest.prefill_buckets),
+                             DTYPES[manifest.dtype], programs=programs, max_batch=manifest.max_batch)
+    else:
+        from neuron_workers.backends.neuron import NeuronBackend
+        from neuron_workers.parallel.shard_plan import plan_for
+
+        plan = plan_for(loaded.info.text_config, manifest.tp)
+        backend = NeuronBackend(art, loaded.dims, manifest, plan.kv_heads if manifest.tp > 1 else None)
+    return loaded, backend

@@ -1,0 +1,86 @@
+"""EngineConfig: the one schema of a model's engine settings, and every check on them, written once.
+
+The serve YAML (`serve_app.config.ModelSpec` takes its engine fields from here), `compile build / plan
+--config` and the CLI all build an EngineConfig; a bad value is a UserError naming the field. Imports no
+torch: the router process and `compile plan` read configs without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from neuron_workers.errors import UserError
+
+BACKENDS = ("cpu", "neuron")
+CPU_MODES = ("eager", "export", "inductor")  # see backends/cpu.py
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float64")  # float64: CPU only, for exactness checks
+SUPPORTED_TP = (1, 2, 4, 8)
+DEFAULT_CPU_CONTEXT = 1024
+DEFAULT_MAX_BATCH = 8
+MAX_BATCH_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # the Hugging Face checkpoint directory
+    backend: str = "cpu"
+    tp: int = 1  # tensor-parallel degree; a neuron replica pins tp NeuronCores
+    max_context: int | None = None  # KV-cache length (cpu default: min(model, 1024); artifacts: theirs)
+    prefill_buckets: tuple[int, ...] | None = None  # prompt-length buckets (default: powers of 2)
+    dtype: str = "float32"
+    cpu_mode: str = "eager"  # cpu backend: eager | export | inductor
+    artifacts: str | None = None  # compiled graphs (compile build --out); required by the neuron backend
+    max_batch: int | None = None  # sequences decoded together (KV slots); None: the artifacts', else 8
+    threads: int | None = 1  # torch host threads for this process; None leaves torch's default
+
+    def __post_init__(self):
+        _one_of("backend", self.backend, BACKENDS)
+        _one_of("cpu_mode", self.cpu_mode, CPU_MODES)
+        _one_of("dtype", self.dtype, DTYPE_NAMES)
+        check_tp(self.tp)
+        if self.max_batch is not None and not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
+            raise UserError(f"max_batch must be in [1, {MAX_BATCH_LIMIT}], got {self.max_batch}", param="max_batch")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads must be >= 1, got {self.threads}", param="threads")
+        if self.max_context is not None and self.max_context < 2:
+            raise UserError(f"max_context must be >= 2, got {self.max_context}", param="max_context")
+        if self.prefill_buckets is not None:
+            object.__setattr__(self, "prefill_buckets", tuple(self.prefill_buckets))
+            if any(b < 1 for b in self.prefill_buckets):
+                raise UserError(f"prefill buckets must be positive, got {list(self.prefill_buckets)}",
+                                param="prefill_buckets")
+        if self.backend != "cpu" and not self.artifacts:
+            raise UserError(f"the {self.backend} backend runs compiled artifacts: set `artifacts` (`--artifacts DIR` "
+                            f"on the CLI), made by `python -m compile build --backend {self.backend}`",
+                            param="artifacts")
+
+    @property
+    def batch(self) -> int:
+        """The batch to build graphs for when no artifacts decide it."""
+        return self.max_batch or DEFAULT_MAX_BATCH
+
+    @classmethod
+    def from_mapping(cls, d: dict, model: str) -> "EngineConfig":
+        """The engine fields of a config mapping (a serve YAML model entry); other keys are ignored."""
+        return cls(model=model, **{k: d[k] for k in ENGINE_FIELDS if k in d and d[k] is not None})
+
+
+ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name != "model")
+
+
+def resolve_context(max_context: int | None, max_positions: int) -> int:
+    ctx = max_context or min(max_positions, DEFAULT_CPU_CONTEXT)
+    if not 1 < ctx <= max_positions:
+        raise UserError(f"max_context must be in [2, {max_positions}] for this model, got {ctx}", param="max_context")
+    return ctx
+
+
+def check_tp(tp: int) -> None:
+    if tp not in SUPPORTED_TP:
+        raise UserError(f"tensor-parallel degree {tp} is not supported; use one of {SUPPORTED_TP}", param="tp")
+
+
+def _one_of(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise UserError(f"unknown {name} {value!r}; use one of {', '.join(map(str, allowed))}", param=name)

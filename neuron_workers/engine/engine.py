@@ -1,0 +1,192 @@
+"""The engine: continuous batching of sequences over one backend's static graphs.
+
+`add` queues a sequence, `cancel` drops one, `step` does one round: admit waiting sequences into free
+slots (each prefilled on its own, batch 1, into its slot), then one decode step over every running row,
+per-row sampling, stop rules and detokenization; it returns the step's events. The engine owns host-side
+work only (PLE lookup, masks, sampling, stops, detokenization); the backend owns the graphs and the KV
+buffers. It is not thread-safe: one thread drives it (`loop.EngineLoop` in a server; `generate`
+and `run_all` in the CLI and tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Iterator
+
+from neuron_workers.backends import Backend
+from neuron_workers.engine.detokenizer import IncrementalDetokenizer
+from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
+from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.sampling import Row, Sampled, make_generator, sample_rows
+from neuron_workers.engine.scheduler import Scheduler
+from neuron_workers.engine.sequence import Sequence
+from neuron_workers.engine.stops import StopStrings
+from neuron_workers.errors import ContextLengthError, UserError
+from neuron_workers.model.host_inputs import DecodeBatch, choose_bucket, prefill_inputs
+from neuron_workers.model.spec import DECODE, PREFILL
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None):
+        self.model, self.backend = model, backend
+        self.dims, self.tokenizer = model.dims, model.tokenizer
+        self.max_context, self.max_batch = backend.max_context, backend.max_batch
+        self.batch = DecodeBatch(backend.spec(DECODE), model.ple)
+        self.scheduler = Scheduler(self.max_batch, prefill_tokens_per_step or max(backend.buckets))
+        self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
+
+    @property
+    def sampling_defaults(self) -> dict:
+        return dict(self.model.info.sampling_defaults)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    # --- prompts -------------------------------------------------------------------------------
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise UserError(f"{self.model.info.model_dir} has no tokenizer: pass token ids instead of text")
+        return self.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._require_tokenizer()(text)["input_ids"])
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        tok = self._require_tokenizer()
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest vocabulary entry in characters: a text of c characters has at least
+        c / max_token_chars tokens, which lets a server refuse an absurd prompt without tokenizing it."""
+        if self.tokenizer is None:
+            return 1
+        return max(len(t) for t in self.tokenizer.get_vocab())
+
+    def validate(self, prompt_ids: list[int], max_tokens: int) -> None:
+        """Raise a UserError unless the ids are in the vocabulary and prompt + new tokens fit the context."""
+        vocab = self.dims.vocab_size
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise UserError(f"token ids must be integers in [0, {vocab}); got {bad[:3]}", param="prompt")
+        self.check_fits(len(prompt_ids), max_tokens)
+
+    def check_fits(self, n_prompt: int, max_tokens: int) -> None:
+        if n_prompt < 1:
+            raise UserError("the prompt is empty", param="prompt")
+        if n_prompt + max_tokens > self.max_context:
+            raise ContextLengthError(
+                f"this model's context is {self.max_context} tokens; the prompt has {n_prompt} and "
+                f"{max_tokens} new tokens were asked for ({n_prompt + max_tokens} in all)",
+                param="max_tokens" if n_prompt < self.max_context else "prompt")
+
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] | None = None) -> Sequence:
+        """A validated sequence, ready for `add` (a UserError here costs the engine nothing)."""
+        self.validate(prompt_ids, params.max_tokens)
+        eos = set() if params.ignore_eos else set(self.model.eos_token_ids)
+        return Sequence(list(prompt_ids), params, frozenset(set(params.stop_token_ids) | eos),
+                        None if params.greedy else make_generator(params.seed),
+                        IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None, StopStrings(stop or []))
+
+    # --- scheduling ----------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def cancel(self, seq_id: int) -> bool:
+        """Drop a waiting or running sequence; its slot is free for the next step. False if unknown."""
+        seq = self.scheduler.cancel(seq_id)
+        if seq is not None and seq.slot is not None:
+            self.batch.free(seq.slot)
+        return seq is not None
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[EngineEvent]:
+        """Admit and prefill waiting sequences, then decode one token for every running one."""
+        events: list[EngineEvent] = []
+        for seq in self.scheduler.admit():
+            events.append(self._guard(seq, self._prefill))
+        running = list(self.scheduler.running.values())
+        self.last_decode_rows = len(running)
+        if running:
+            events += self._decode(running)
+        return events
+
+    def _prefill(self, seq: Sequence) -> TokenEvent:
+        ids = seq.prompt_ids
+        bucket = choose_bucket(len(ids), self.backend.buckets)
+        spec = self.backend.spec(PREFILL, bucket)
+        inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
+        logits = self.backend.prefill(bucket, inputs)
+        self.batch.start(seq.slot, len(ids))
+        return self._emit(seq, self._sample(logits, [(0, seq)])[0])
+
+    def _decode(self, running: list[Sequence]) -> list[EngineEvent]:
+        try:
+            logits = self.backend.decode(self.batch.inputs(
+                [(s.slot, s.output_ids[-1], s.next_position) for s in running]))
+            picks = self._sample(logits, [(s.slot, s) for s in running])
+        except Exception as e:  # the backend failed: every running sequence ends, the engine goes on
+            log.exception("decode step failed")
+            return [self._fail(s, e) for s in running]
+        return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in zip(running, picks)]
+
+    def _sample(self, logits, rows: list[tuple[int, Sequence]]) -> list[Sampled]:
+        return sample_rows(logits, [Row(r, s.params, s.generator) for r, s in rows], self.dims.final_logit_softcapping)
+
+    def _emit(self, seq: Sequence, pick: Sampled) -> TokenEvent:
+        if pick.error:
+            raise RuntimeError(pick.error)  # this sequence alone fails (`_guard`)
+        ev = seq.append(pick.token)
+        if ev.final:
+            self._release(seq)
+        return ev
+
+    def _guard(self, seq: Sequence, fn) -> EngineEvent:
+        """fn(seq), or a ErrorEvent for this sequence alone when it raises."""
+        try:
+            return fn(seq)
+        except Exception as e:
+            log.exception("sequence %d failed", seq.seq_id)
+            return self._fail(seq, e)
+
+    def _fail(self, seq: Sequence, e: Exception) -> ErrorEvent:
+        seq.finish_reason = "error"
+        self._release(seq)
+        return ErrorEvent(seq.seq_id, f"{type(e).__name__}: {e}")
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if seq.slot is not None:
+            self.batch.free(seq.slot)
+
+    # --- driving it from one thread ------------------------------------------------------------
+    def run_all(self, seqs: list[Sequence]) -> Iterator[EngineEvent]:
+        """Add `seqs` and step until all of them finished, yielding their events as they come."""
+        pending = {s.seq_id for s in seqs}
+        for s in seqs:
+            self.add(s)
+        try:
+            while pending:
+                for ev in self.step():
+                    if ev.seq_id in pending:
+                        yield ev
+                        if ev.final:
+                            pending.discard(ev.seq_id)
+        finally:  # a caller that stops early frees the slots
+            for seq_id in pending:
+                self.cancel(seq_id)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] | None = None
+                 ) -> Iterator[TokenEvent]:
+        """One sequence, token by token (raises RuntimeError if it fails)."""
+        for ev in self.run_all([self.new_sequence(prompt_ids, params, stop)]):
+            if isinstance(ev, ErrorEvent):
+                raise RuntimeError(ev.message)
+            yield ev

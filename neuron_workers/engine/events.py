@@ -1,0 +1,32 @@
+"""The engine's output events, one per sequence per step: a new token, or the sequence's error. Imports
+no torch (the serving side reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One new token of sequence `seq_id`."""
+
+    seq_id: int
+    token_id: int
+    text: str  # text this token completes, after stop strings ("" without a tokenizer or mid-character)
+    finish_reason: str | None  # None while generating, then "stop" or "length"
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """Sequence `seq_id` ended on an internal error (its slot is freed; other sequences carry on)."""
+
+    seq_id: int
+    message: str
+    final: bool = True
+
+
+EngineEvent = TokenEvent | ErrorEvent

@@ -1,0 +1,67 @@
+"""Sequence: everything one request owns while the engine serves it: prompt ids, sampling parameters and
+its own seeded generator, the output so far, its slot (KV row) while running, the incremental
+detokenizer, stop ids and stop strings, and how it finished. Pure host state; the engine drives it."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from neuron_workers.engine.detokenizer import IncrementalDetokenizer
+from neuron_workers.engine.events import TokenEvent
+from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.stops import StopStrings
+
+_ids = itertools.count(1)
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    detok: IncrementalDetokenizer | None
+    stops: StopStrings
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    status: Status = Status.WAITING
+    slot: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    created_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+
+    @property
+    def next_position(self) -> int:
+        """Position of the token the next decode step feeds (the last sampled one)."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def append(self, token: int) -> TokenEvent:
+        """Record a sampled token; apply stop ids, max tokens and stop strings; return its event."""
+        self.output_ids.append(token)
+        finish = "stop" if token in self.stop_ids else (
+            "length" if len(self.output_ids) >= self.params.max_tokens else None)
+        piece = self.detok.push(token) if self.detok else ""
+        if finish and self.detok:
+            piece += self.detok.flush()
+        text = self.stops.feed(piece)
+        if self.stops.hit:
+            finish = "stop"
+        elif finish:
+            text += self.stops.flush()
+        self.finish_reason = finish
+        return TokenEvent(self.seq_id, token, text, finish)

@@ -1,0 +1,47 @@
+"""Build a ready Engine from an EngineConfig: the one entry point that the CLI, the Ray Serve replica,
+the smoke test and the benchmarks share. Picks the backend (in-process graphs or compiled artifacts)."""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_workers.config import EngineConfig, resolve_context
+from neuron_workers.engine.engine import Engine
+from neuron_workers.errors import UserError
+from neuron_workers.model.host_inputs import default_buckets
+from neuron_workers.model.loader import DTYPES, load_model
+
+
+def build_engine(cfg: EngineConfig) -> Engine:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.artifacts:
+        from neuron_workers.artifacts.load import load_from_artifacts
+
+        model, backend = load_from_artifacts(cfg)
+        return Engine(model, backend)
+    model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
+    ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
+    buckets = resolve_buckets(cfg.prefill_buckets, ctx)
+    if cfg.tp > 1:
+        from neuron_workers.backends.cpu_tp import TpCpuBackend
+
+        backend = TpCpuBackend(cfg.model, model.dims, cfg.tp, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode,
+                               cfg.batch)
+    else:
+        from neuron_workers.backends.cpu import CpuBackend
+
+        backend = CpuBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode,
+                             max_batch=cfg.batch)
+    return Engine(model, backend)
+
+
+def resolve_buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:
+    """The prefill buckets to build: the given ones (checked against the context) or the defaults."""
+    if not buckets:
+        return default_buckets(ctx)
+    bad = [b for b in buckets if not 0 < b <= ctx]
+    if bad:
+        raise UserError(f"prefill buckets must be in [1, {ctx}] (the max context); got {bad}",
+                        param="prefill_buckets")
+    return tuple(sorted(set(buckets)))

@@ -1,0 +1,77 @@
+"""The stateful graph module a Neuron-shaped backend runs: the KV buffers as registered module state.
+
+`NeuronGraphModel` holds the KV buffers ([max_batch, ...]) as registered buffers and updates them out of
+place as a function of their old value, so NxD ModelBuilder V2 links them as device-resident state shared
+by every prefill bucket and the decode graph (no KV crosses the host between steps). The graph inputs are
+explicit positional tensors: int32 ids / positions / indices, masks built with finfo.min, per-layer inputs
+(PLE stays on the host); logits come back without the soft-cap. `compile build --backend neuron` traces
+this very module; it imports no Neuron package.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from neuron_workers.model.graphs import GemmaGraph
+from neuron_workers.model.spec import DECODE, PREFILL, make_spec
+
+ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
+
+
+class NeuronGraphModel(nn.Module):
+    """Prefill (called with last_idx / ring_idx / slot) and decode (without them) over KV buffers registered
+    as state, [max_batch, ...] each. ModelBuilder V2 traces `forward` once per graph tag; which phase a
+    trace is comes from which inputs it was given, never from a shape (a prefill bucket of 1 is not
+    decode). ModelBuilder rejects *args, so the two subclasses below spell the inputs out."""
+
+    def __init__(self, hf_lm: nn.Module, dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None):
+        super().__init__()
+        pre = make_spec(dims, PREFILL, max_batch, 2, max_context, dtype, ID_DTYPE, kv_heads)
+        dec = make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads)
+        self.lm = hf_lm  # the weights, registered once
+        # the two phase wrappers share self.lm; kept out of the module tree so no weight is listed twice
+        self.__dict__["graphs"] = {PREFILL: GemmaGraph(hf_lm, dims, pre), DECODE: GemmaGraph(hf_lm, dims, dec)}
+        self.kv_names = []
+        for t in dec.kv_inputs:
+            name = t.name.replace(".", "_")
+            self.register_buffer(name, torch.zeros(t.shape, dtype=dtype))
+            self.kv_names.append(name)
+
+    def step(self, host: list[torch.Tensor], prefill: bool) -> torch.Tensor:
+        out = self.graphs[PREFILL if prefill else DECODE](*host, *(getattr(self, n) for n in self.kv_names))
+        for name, new in zip(self.kv_names, out[1:]):
+            setattr(self, name, new)  # out-of-place update that read the old buffer: aliased device state
+        return out[0]
+
+
+class NeuronGraphPle(NeuronGraphModel):
+    def forward(self, input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding, last_idx=None,
+                ring_idx=None, slot=None):
+        host = [input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding]
+        prefill = last_idx is not None
+        return self.step(host + [last_idx, ring_idx, slot] if prefill else host, prefill)
+
+
+class NeuronGraphNoPle(NeuronGraphModel):
+    def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, ring_idx=None, slot=None):
+        host = [input_ids, position_ids, mask_full, mask_sliding]
+        prefill = last_idx is not None
+        return self.step(host + [last_idx, ring_idx, slot] if prefill else host, prefill)
+
+
+def graph_model(hf_lm, dims, max_context, max_batch, dtype, kv_heads=None) -> NeuronGraphModel:
+    cls = NeuronGraphPle if dims.ple_dim else NeuronGraphNoPle
+    return cls(hf_lm, dims, max_context, max_batch, dtype, kv_heads).eval()
+
+
+def make_buffers_persistent(module: nn.Module) -> list[str]:
+    """Turn the non-persistent buffers the forward reads (HF RoPE `inv_freq` tables, `embed_scale`) into
+    persistent ones, so they are in the state dict we save: the trace takes every tensor the forward
+    reads as a weight input, and NxDModel.set_weights does not check names. Returns their names."""
+    names = []
+    for prefix, m in module.named_modules():
+        for b in sorted(m._non_persistent_buffers_set):
+            names.append(f"{prefix}.{b}" if prefix else b)
+        m._non_persistent_buffers_set.clear()
+    return names

@@ -1,0 +1,141 @@
+"""The static-shape graph modules that compile/ traces: one prefill graph per bucket and one decode graph.
+
+They run transformers' own Gemma-4 decoder layers (no math is rewritten), and own only the plumbing
+around them: embedding, the PLE projection, RoPE tables, the layer loop, the final norm and the tied LM
+head. Their only state is explicit tensors, declared (inputs and outputs) in `spec.GraphSpec`:
+
+  prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, slot, *kv
+  decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv
+  outputs: logits [rows, vocab] at the last real position, without the soft-cap, then *kv updated
+
+Every KV update is a function of the old buffer (the rule the Neuron runtime needs to keep KV as device
+state, and what keeps batched rows independent): prefill writes its prompt into row `slot` with
+`index_copy` into the old buffer, decode writes each row's new K/V at that row's position with
+`torch.where` over the old buffer. Rows other than the one written stay bit-identical.
+
+The HF layers talk to the KV buffers through a duck-typed cache whose `update` is functional (no
+in-place writes, no counters): positions come from `position_ids`, so nothing freezes when traced.
+KV-shared layers compute no K/V and read the storing layer's via HF's `shared_kv_states` dict inside
+the same graph, so the dependency stays live in the traced program.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from neuron_workers.model.dims import FULL, SLIDING, ModelDims
+from neuron_workers.model.spec import PREFILL, GraphSpec
+
+
+class PrefillKV:
+    """Prefill: attention sees the fresh K/V. Row `slot` of each buffer is replaced: full buffers get the
+    prompt's K/V at positions [0, P) and zeros after, rings get the `ring_idx` positions."""
+
+    def __init__(self, dims: ModelDims, kv: list[torch.Tensor], ring_idx: torch.Tensor, slot: torch.Tensor):
+        self.dims, self.kv, self.ring_idx = dims, kv, ring_idx
+        self.row = slot.reshape(1).to(torch.int64)
+        self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+        j = self.index[layer_idx]
+        self.kv[j], self.kv[j + 1] = (self._store(layer_idx, x, self.kv[j + i]) for i, x in enumerate((k, v)))
+        return k, v
+
+    def _store(self, layer: int, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        b, h, p, d = x.shape
+        if self.dims.layer_types[layer] == FULL:
+            pad = buf.shape[2] - p
+            row = x if pad == 0 else torch.cat([x, x.new_zeros(b, h, pad, d)], dim=2)
+        else:
+            idx = self.ring_idx[:, None, :, None].expand(b, h, self.ring_idx.shape[1], d)
+            row = torch.gather(x, 2, idx)
+        return torch.index_copy(buf, 0, self.row, row.to(buf.dtype))  # read-modify-write of the old buffer
+
+
+class DecodeKV:
+    """Decode, every row at its own position: write the new K/V at `pos` (full) or `pos % ring` (sliding)
+    of that row; attend over the buffer."""
+
+    def __init__(self, dims: ModelDims, kv: list[torch.Tensor], position_ids: torch.Tensor):
+        self.dims, self.kv = dims, kv
+        self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
+        self.onehot = {}
+        pos = position_ids[:, :1]
+        for layer in dims.kv_layers:
+            n = kv[self.index[layer]].shape[2]
+            if n not in self.onehot:
+                self.onehot[n] = (torch.arange(n, device=pos.device)[None, :] == pos % n)[:, None, :, None]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+        j = self.index[layer_idx]
+        hot = self.onehot[self.kv[j].shape[2]]
+        self.kv[j] = torch.where(hot, k, self.kv[j])
+        self.kv[j + 1] = torch.where(hot, v, self.kv[j + 1])
+        return self.kv[j], self.kv[j + 1]
+
+
+def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
+    """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes)."""
+    shape = list(x.shape)
+    shape[dim] = 1
+    view = [x.shape[0]] + [1] * (x.dim() - 1)
+    view[dim] = 1
+    return torch.gather(x, dim, idx.reshape(view).expand(shape))
+
+
+class GemmaGraph(nn.Module):
+    """One phase of the model as a function of the tensors named in `spec`."""
+
+    def __init__(self, hf_lm: nn.Module, dims: ModelDims, spec: GraphSpec):
+        super().__init__()
+        self.model, self.lm_head = hf_lm.model, hf_lm.lm_head
+        self.dims, self.spec = dims, spec
+        self.names = tuple(t.name for t in spec.inputs)
+        self.num_fixed = len(self.names) - spec.num_kv
+        self.layer_types = sorted(set(dims.layer_types))
+
+    def forward(self, *inputs: torch.Tensor):
+        x = dict(zip(self.names[: self.num_fixed], inputs[: self.num_fixed]))
+        kv = list(inputs[self.num_fixed:])
+        if self.spec.phase == PREFILL:
+            cache = PrefillKV(self.dims, kv, x["ring_idx"], x["slot"])
+        else:
+            cache = DecodeKV(self.dims, kv, x["position_ids"])
+        hidden = self._decoder(x, cache)
+        logits = self.lm_head(self.model.norm(hidden))[:, 0, :]
+        return (logits, *cache.kv)
+
+    def _decoder(self, x: dict, cache) -> torch.Tensor:
+        m, dims = self.model, self.dims
+        position_ids = x["position_ids"]
+        h = m.embed_tokens(x["input_ids"])
+        ple = m.project_per_layer_inputs(h, x["per_layer_inputs"]) if dims.ple_dim else None
+        rope = {t: m.rotary_emb(h, position_ids, t) for t in self.layer_types}
+        masks = {FULL: x["mask_full"], SLIDING: x["mask_sliding"]}
+        last = x.get("last_idx")
+        shared: dict = {}
+        for i, layer in enumerate(m.layers):
+            if last is not None and i == dims.first_shared_layer:
+                # KV-shared layers write no KV: in prefill only the last real token needs them.
+                h, ple, rope, masks, position_ids = _select_last(last, h, ple, rope, masks, position_ids)
+                last = None
+            extra = {"per_layer_input": ple[:, :, i, :]} if ple is not None else {}
+            h = layer(h, shared_kv_states=shared, position_embeddings=rope[dims.layer_types[i]],
+                      attention_mask=masks[dims.layer_types[i]], position_ids=position_ids,
+                      past_key_values=cache, **extra)
+        if last is not None:
+            h = _take(h, last, 1)
+        return h
+
+
+def _select_last(last, h, ple, rope, masks, position_ids):
+    h = _take(h, last, 1)
+    ple = _take(ple, last, 1) if ple is not None else None
+    rope = {t: (_take(c, last, 1), _take(s, last, 1)) for t, (c, s) in rope.items()}
+    masks = {t: _take(mk, last, 2) for t, mk in masks.items()}
+    return h, ple, rope, masks, _take(position_ids, last, 1)
+
+
+def build_graph(hf_lm: nn.Module, dims: ModelDims, spec: GraphSpec) -> GemmaGraph:
+    return GemmaGraph(hf_lm, dims, spec).eval()

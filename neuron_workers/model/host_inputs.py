@@ -1,0 +1,115 @@
+"""Host-side graph inputs: bucket choice, right padding, additive masks, the ring gather index, and the
+per-step decode inputs. Pure tensor bookkeeping; no model weights here except the PLE lookup it is given.
+
+Masks are additive with `finfo(dtype).min` (not -inf: Neuron and fully-masked padding rows stay finite).
+A sliding query at position q sees keys in (q - W, q], as HF's `sliding_window_overlay`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_workers.errors import ContextLengthError
+from neuron_workers.model.spec import GraphSpec
+
+
+def default_buckets(max_context: int, smallest: int = 32) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to max_context, plus max_context itself."""
+    out, b = [], smallest
+    while b < max_context:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (max_context,)
+
+
+def choose_bucket(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds n prompt tokens."""
+    for b in sorted(buckets):
+        if n <= b:
+            return b
+    raise ContextLengthError(f"prompt has {n} tokens; the largest prefill bucket holds {max(buckets)}")
+
+
+def prefill_masks(n: int, bucket: int, window: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal and causal+window masks [1, 1, P, P] for n real tokens right-padded to P."""
+    q = torch.arange(bucket)[:, None]
+    k = torch.arange(bucket)[None, :]
+    causal = (k <= q) & ((k < n) | (q >= n))
+    sliding = causal & (k > q - window)
+    zero, neg = torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype)
+    return torch.where(causal, zero, neg)[None, None], torch.where(sliding, zero, neg)[None, None]
+
+
+def ring_index(n: int, ring: int) -> torch.Tensor:
+    """[ring]: slot s takes the last real position p < n with p % ring == s (0 for slots never written)."""
+    slots = torch.arange(ring)
+    last = n - 1 - ((n - 1 - slots) % ring)
+    return torch.where(last >= 0, last, 0)
+
+
+def prefill_inputs(spec: GraphSpec, ids: list[int], ple_table, window: int, slot: int) -> tuple[torch.Tensor, ...]:
+    """The host inputs of a prefill graph: one prompt right-padded to the bucket, written into `slot`."""
+    n, p = len(ids), spec.seq_len
+    by_name = {t.name: t for t in spec.host_inputs}
+    id_dtype, dtype = by_name["input_ids"].dtype, by_name["mask_full"].dtype
+    input_ids = torch.zeros((1, p), dtype=id_dtype)
+    input_ids[0, :n] = torch.tensor(ids, dtype=id_dtype)
+    mask_full, mask_sliding = prefill_masks(n, p, window, dtype)
+    values = {
+        "input_ids": input_ids,
+        "position_ids": torch.arange(p, dtype=id_dtype)[None],
+        "mask_full": mask_full,
+        "mask_sliding": mask_sliding,
+        "last_idx": torch.tensor([n - 1], dtype=id_dtype),
+        "ring_idx": ring_index(n, by_name["ring_idx"].shape[1]).to(id_dtype)[None],
+        "slot": torch.tensor([slot], dtype=id_dtype),
+    }
+    if ple_table is not None:
+        values["per_layer_inputs"] = ple_table.lookup(input_ids)
+    return tuple(values[t.name] for t in spec.host_inputs)
+
+
+class DecodeBatch:
+    """The decode graph's host inputs for all B slots, kept between steps and updated in place (no per-step
+    allocation of masks). A slot is live from `start` (after its prefill) to `free`; a free slot decodes a
+    pad token at position 0 with every key masked: finite values (finfo.min, never -inf), so it never
+    makes a NaN, and its KV write lands in its own slot, which the next prefill into it replaces."""
+
+    def __init__(self, spec: GraphSpec, ple_table):
+        self.spec, self.ple = spec, ple_table
+        by_name = {t.name: t for t in spec.host_inputs}
+        self.id_dtype, dtype = by_name["input_ids"].dtype, by_name["mask_full"].dtype
+        self.neg = torch.finfo(dtype).min
+        self.mask_full = torch.full(by_name["mask_full"].shape, self.neg, dtype=dtype)
+        self.mask_sliding = torch.full(by_name["mask_sliding"].shape, self.neg, dtype=dtype)
+        self.input_ids = torch.zeros(by_name["input_ids"].shape, dtype=self.id_dtype)
+        self.position_ids = torch.zeros(by_name["position_ids"].shape, dtype=self.id_dtype)
+        self.ring = self.mask_sliding.shape[-1]
+        self.names = [t.name for t in spec.host_inputs]
+
+    def start(self, slot: int, n: int) -> None:
+        """Slot `slot` now holds a sequence whose first n positions are cached (its prefill)."""
+        self.free(slot)
+        self.mask_full[slot, ..., :n] = 0
+        self.mask_sliding[slot, ..., : min(n, self.ring)] = 0
+
+    def free(self, slot: int) -> None:
+        self.mask_full[slot] = self.neg
+        self.mask_sliding[slot] = self.neg
+        self.input_ids[slot] = 0
+        self.position_ids[slot] = 0
+
+    def inputs(self, slots: list[tuple[int, int, int]]) -> tuple[torch.Tensor, ...]:
+        """Inputs to decode (slot, token, position) for each live slot; its K/V goes to slot pos / pos % ring."""
+        for slot, token, pos in slots:
+            if pos >= self.spec.max_context:
+                raise ContextLengthError(f"position {pos} is past the compiled context {self.spec.max_context}")
+            self.mask_full[slot, ..., pos] = 0
+            self.mask_sliding[slot, ..., pos % self.ring] = 0
+            self.input_ids[slot, 0] = token
+            self.position_ids[slot, 0] = pos
+        values = {"input_ids": self.input_ids, "position_ids": self.position_ids,
+                  "mask_full": self.mask_full, "mask_sliding": self.mask_sliding}
+        if self.ple is not None:
+            values["per_layer_inputs"] = self.ple.lookup(self.input_ids)
+        return tuple(values[n] for n in self.names)

@@ -1,0 +1,260 @@
+"""compile build / plan. The Neuron path runs against a recording test double (tests/neuron_double.py):
+what is checked is the contract of our calls, not Neuron itself. The cpu path runs for real."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from compile.__main__ import main as compile_main
+from compile.build import build
+from neuron_workers.artifacts.manifest import Manifest
+from neuron_workers.config import EngineConfig
+from neuron_workers.generate import main as generate_main
+from neuron_workers.model.loader import load_model
+from neuron_workers.parallel.shard_plan import plan_for
+
+from conftest import CONFIGS, meta_shapes, real_config
+from doubles import neuron_double
+
+KV = ("k_", "v_")
+NO_SDK = pytest.mark.skipif(importlib.util.find_spec("torch_neuronx") is not None,
+                            reason="checks the message shown without the Neuron SDK, which is installed here")
+
+
+def kv_buffers(model):
+    return {n: b for n, b in model.named_buffers() if n.startswith(KV)}
+
+
+@pytest.mark.slow
+def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
+    with neuron_double.installed() as calls:
+        m = build(EngineConfig(str(tiny_dirs["gemma4-e2b-tiny"]), "neuron", 1, 64, (16, 32), "bfloat16",
+                               artifacts=str(tmp_path / "a"), max_batch=3), progress=lambda s: None, jobs=2)
+        builder_model = neuron_double.SAVED[str(tmp_path / "a" / "nxd_model.pt")].module
+    traces = [c for c in calls if c[0] == "trace"]
+    assert [t[1] for t in traces] == ["prefill_16", "prefill_32", "decode"]  # one call per bucket, then decode
+    for _, tag, inputs, written in traces:
+        dtypes = [d for _, d in inputs]
+        if tag == "decode":  # ids, positions, per_layer_inputs, mask_full, mask_sliding: 3 rows
+            assert dtypes == [torch.int32, torch.int32, torch.bfloat16, torch.bfloat16, torch.bfloat16]
+            assert inputs[0][0] == (3, 1) and inputs[2][0] == (3, 1, 10, 8) and inputs[3][0] == (3, 1, 1, 64)
+        else:  # one prompt, + last_idx, ring_idx, slot
+            s = int(tag.split("_")[1])
+            assert dtypes == [torch.int32, torch.int32] + [torch.bfloat16] * 3 + [torch.int32] * 3
+            assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8)
+        assert all(written.values())  # every KV buffer replaced (the double checked each read its old value)
+    compile_call = next(c for c in calls if c[0] == "compile")
+    flags, jobs = compile_call[1], compile_call[3]
+    assert set(flags) == {"prefill_16", "prefill_32", "decode"} and jobs == 2
+    for tag, f in flags.items():
+        for flag in ("--model-type=transformer", "--auto-cast=none", "--target inf2"):
+            assert flag in f
+        assert ("-O1" in f) == tag.startswith("prefill") and ("-O2" in f) == (tag == "decode")
+    dims = load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False).dims
+    bufs = kv_buffers(builder_model)
+    assert len(bufs) == 2 * len(dims.kv_layers) and all(b.dtype == torch.bfloat16 for b in bufs.values())
+    assert {b.shape[2] for b in bufs.values()} == {64, 8} and {b.shape[0] for b in bufs.values()} == {3}
+    assert all(p.dtype == torch.bfloat16 for p in builder_model.parameters() if p.is_floating_point())
+    assert m.backend == "neuron" and m.compiler_flags == flags and m.max_batch == 3
+    saved = load_file(str(tmp_path / "a" / "weights" / "tp0.safetensors"))
+    assert "lm.model.rotary_emb.full_attention_inv_freq" in saved  # non-persistent buffers the trace reads
+    tied = [k for k in ("lm.lm_head.weight", "lm.model.embed_tokens.weight") if k in saved]
+    assert tied and all(torch.equal(saved[k], saved[tied[0]]) for k in tied)  # the names the trace took
+    assert ("save", str(tmp_path / "a" / "nxd_model.pt")) in calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,heads", [("gemma4-12b-tiny", {8: 1, 64: 1}), ("gemma4-e4b-tiny", {8: 1, 64: 1})])
+def test_neuron_build_contract_tp2(tiny_dirs, tmp_path, name, heads):
+    out = tmp_path / "b"
+    with neuron_double.installed() as calls:
+        build(EngineConfig(str(tiny_dirs[name]), "neuron", 2, 64, (32,), "bfloat16", artifacts=str(out), max_batch=2),
+              progress=lambda s: None)
+        model = neuron_double.SAVED[str(out / "nxd_model.pt")].module
+    assert ("parallel_state", 2, 2) in calls
+    for b in kv_buffers(model).values():
+        assert b.shape[1] == heads[b.shape[2]]  # per-rank KV heads: split (sliding) or replicated (12B full)
+    w = [load_file(str(out / "weights" / f"tp{r}.safetensors")) for r in range(2)]
+    shapes = dict(model.state_dict())
+    assert set(w[0]) == set(w[1]) and all(w[r][k].shape == shapes[k].shape for r in range(2) for k in w[0])
+    assert int(w[0]["lm.model.embed_tokens.vocab_start"]) == 0 and int(w[1]["lm.model.embed_tokens.vocab_start"]) == 256
+    q = "lm.model.layers.0.self_attn.q_proj.weight"
+    norm = "lm.model.layers.0.input_layernorm.weight"
+    assert not torch.equal(w[0][q], w[1][q]) and torch.equal(w[0][norm], w[1][norm])
+    full = load_model(tiny_dirs[name], torch.bfloat16).hf_lm.state_dict()
+    assert torch.equal(torch.cat([w[0][q], w[1][q]]), full["model.layers.0.self_attn.q_proj.weight"])
+
+
+@pytest.mark.slow
+def test_neuron_pipeline_end_to_end_with_the_double(tiny_dirs, tmp_path, capsys):
+    """build -> manifest -> NeuronBackend load/warm-up/forward (the double runs the traced module on CPU)
+    gives the tokens of the CPU engine in the same dtype, for two prompts decoded together."""
+    d, out = tiny_dirs["gemma4-e4b-tiny"], tmp_path / "c"
+    args = ["--model", str(d), "--prompt-ids", "2,40,41,42,43,44,45,46,47,48,49", "--prompt-ids", "2,7,8",
+            "--max-tokens", "24", "--ignore-eos", "--json", "--max-context", "64", "--max-batch", "2"]
+    with neuron_double.installed() as calls:
+        assert compile_main(["build", "--model", str(d), "--tp", "1", "--max-context", "64", "--prefill-buckets",
+                             "16,32", "--batch", "2", "--out", str(out)]) == 0
+        assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out)]) == 0
+        neuron = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()[-2:]]
+        assert generate_main(args[:-2] + ["--max-batch", "3", "--backend", "neuron", "--artifacts", str(out)]) == 2
+        assert "max_batch=2" in capsys.readouterr().err  # built for 2 rows: refuses to serve 3
+    assert ("to_neuron",) in calls and ("forward", "decode") in calls
+    assert generate_main(args + ["--dtype", "bfloat16"]) == 0
+    cpu = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [r["token_ids"] for r in neuron] == [r["token_ids"] for r in cpu] and len(cpu[0]["token_ids"]) == 24
+
+
+@NO_SDK
+def test_neuron_without_sdk_says_what_to_install(tiny_dirs, tmp_path, capsys):
+    rc = compile_main(["build", "--model", str(tiny_dirs["gemma4-e2b-tiny"]), "--out", str(tmp_path / "n")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "torch-neuronx" in err and "pip install" in err
+    assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.slow
+def test_cpu_build_load_generate_and_manifest_checks(tiny_dirs, tmp_path, capsys):
+    d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "cpu"
+    assert compile_main(["build", "--model", str(d), "--backend", "cpu", "--max-context", "64",
+                         "--prefill-buckets", "32", "--out", str(out)]) == 0
+    progress = capsys.readouterr().out
+    assert "[1/2] exporting prefill_32" in progress and "[2/2] decode done" in progress
+    m = Manifest.read(out)
+    assert (m.tp, m.max_batch, m.max_context, m.prefill_buckets, m.dtype) == (1, 1, 64, [32], "float32")
+    from importlib import metadata
+
+    assert m.versions == {"torch": metadata.version("torch"), "transformers": metadata.version("transformers")}
+    args = ["--prompt-ids", "2,5,6,7,8,9,10,11,12,13,14,15", "--max-tokens", "40", "--ignore-eos", "--json"]
+    assert generate_main(["--model", str(d), "--artifacts", str(out)] + args) == 0
+    from_artifacts = json.loads(capsys.readouterr().out)["token_ids"]
+    assert generate_main(["--model", str(d), "--max-context", "64"] + args) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == from_artifacts
+    # mismatches are refused with the field named
+    assert generate_main(["--model", str(tiny_dirs["gemma4-e4b-tiny"]), "--artifacts", str(out)] + args) == 2
+    assert "another model config" in capsys.readouterr().err
+    assert generate_main(["--model", str(d), "--artifacts", str(out), "--max-context", "128"] + args) == 2
+    assert "max_context=64" in capsys.readouterr().err
+    raw = json.loads((out / "manifest.json").read_text())
+    raw["versions"]["transformers"] = "4.0.0"
+    (out / "manifest.json").write_text(json.dumps(raw))
+    assert generate_main(["--model", str(d), "--artifacts", str(out)] + args) == 2
+    assert "built with transformers 4.0.0" in capsys.readouterr().err
+
+
+class TestPlanOnRealConfigs:
+    @pytest.mark.parametrize("size,tp", [("E2B", 1), ("E4B", 2), ("12B", 2), ("12B", 1)])
+    def test_weights_match_an_independent_meta_count(self, size, tp):
+        from compile.plan import make_plan_report
+
+        cfg = real_config(size)
+        shapes = meta_shapes(cfg)  # HF's own model on the meta device, PLE table excluded
+        report = make_plan_report(cfg, tp, 1, 4096, "inf2.24xlarge")
+        assert report.weights_per_core == plan_for(cfg, tp).weight_bytes_per_rank(shapes)
+        if tp == 1:
+            assert report.weights_per_core == 2 * sum(torch.Size(s).numel() for k, s in shapes.items()
+                                                      if k != "lm_head.weight")
+
+    def test_ple_table_and_kv_bytes(self):
+        from compile.plan import make_plan_report
+
+        e2b = make_plan_report(real_config("E2B"), 1, 1, 4096, "inf2.xlarge")
+        assert e2b.ple_host == 262144 * 35 * 256 * 2
+        assert e2b.kv_per_core == 3 * 2 * 1 * 4096 * 512 * 2 + 12 * 2 * 1 * 512 * 256 * 2
+        b12 = make_plan_report(real_config("12B"), 2, 1, 4096, "inf2.24xlarge")
+        assert b12.kv_per_core == 8 * 2 * 1 * 4096 * 512 * 2 + 40 * 2 * 4 * 1024 * 256 * 2
+
+    @pytest.mark.parametrize("size,tp,instance", [("E2B", 1, "inf2.xlarge"), ("E4B", 2, "inf2.8xlarge"),
+                                                  ("12B", 2, "inf2.24xlarge")])
+    def test_default_sizes_fit(self, size, tp, instance, capsys):
+        path = str(CONFIGS / f"gemma-4-{size}.text_config.json")
+        assert compile_main(["plan", "--model", path, "--tp", str(tp), "--instance", instance]) == 0
+        assert "fits" in capsys.readouterr().out
+
+    def test_12b_on_one_core_is_refused_with_numbers(self, capsys):
+        path = str(CONFIGS / "gemma-4-12B.text_config.json")
+        assert compile_main(["plan", "--model", path, "--tp", "1", "--json"]) == 2
+        out = json.loads(capsys.readouterr().out)
+        assert not out["fits"] and out["largest_context"] is None
+        assert out["weights_per_core"] > out["hbm_per_core"] and "GiB per core" in out["reasons"][0]
+
+    def test_largest_context_is_the_boundary(self):
+        from compile.plan import make_plan_report
+
+        cfg = real_config("12B")
+        best = make_plan_report(cfg, 2, 1, 4096, "inf2.24xlarge").largest_context
+        assert make_plan_report(cfg, 2, 1, best, "inf2.24xlarge").fits
+        assert not make_plan_report(cfg, 2, 1, best + 128, "inf2.24xlarge").fits
+
+    def test_bad_plan_input(self, capsys):
+        assert compile_main(["plan", "--model", "/nope.json"]) == 2
+        assert compile_main(["plan", "--model", str(CONFIGS / "gemma-4-E4B.text_config.json"), "--tp", "3"]) == 2
+        assert compile_main(["plan", "--model", str(CONFIGS / "gemma-4-E4B.text_config.json"),
+                             "--instance", "inf9.huge"]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 3
+
+
+def inf2_config_copy(tmp_path, edit=None):
+    """configs/inf2.yaml with each model's checkpoint directory replaced by one holding its real config."""
+    import yaml
+
+    root = tmp_path / "proj"
+    (root / "configs").mkdir(parents=True)
+    doc = yaml.safe_load((CONFIGS.parent / "inf2.yaml").read_text())
+    sizes = {"gemma-4-e2b": "E2B", "gemma-4-e4b": "E4B", "gemma-4-12b": "12B"}
+    for m in doc["applications"][0]["args"]["models"]:
+        d = root / "models" / m["name"]
+        d.mkdir(parents=True)
+        (d / "config.json").write_text((CONFIGS / f"gemma-4-{sizes[m['name']]}.text_config.json").read_text())
+        m["path"] = str(d)
+        if edit:
+            edit(m)
+    path = root / "configs" / "inf2.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, doc
+
+
+def test_every_model_of_the_inf2_config_fits_its_instance(tmp_path, capsys):
+    path, doc = inf2_config_copy(tmp_path)
+    assert compile_main(["plan", "--config", str(path), "--json"]) == 0
+    plans = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    args = doc["applications"][0]["args"]
+    assert len(plans) == len(args["models"]) == 3 and all(p["fits"] for p in plans)
+    for p, m in zip(plans, args["models"]):
+        assert (p["tp"], p["batch"], p["max_context"], p["instance"]) == (m["tp"], m["max_batch"], m["max_context"],
+                                                                           args["instance"])
+    cores = sum(m["tp"] * m["min_replicas"] for m in args["models"])
+    assert cores <= {"inf2.24xlarge": 12, "inf2.48xlarge": 24}[args["instance"]]
+    assert compile_main(["plan", "--config", str(path), "--model", "nope"]) == 2
+    assert "no model named 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_build_from_the_serve_config_builds_what_it_serves(tiny_dirs, tmp_path, capsys):
+    """`compile build --config` takes tp, context, buckets, batch, dtype and the artifact directory from
+    the serve YAML; serving that entry then finds exactly those artifacts."""
+    def small(m):
+        if m["name"] == "gemma-4-e2b":
+            m.update(path=str(tiny_dirs["gemma4-e2b-tiny"]), max_context=64, prefill_buckets=[16, 32], max_batch=3,
+                     artifacts=str(tmp_path / "art-e2b"))
+
+    path, _ = inf2_config_copy(tmp_path, small)
+    with neuron_double.installed() as calls:
+        assert compile_main(["build", "--config", str(path), "--model", "gemma-4-e2b", "--jobs", "2"]) == 0
+    m = Manifest.read(tmp_path / "art-e2b")
+    assert (m.backend, m.tp, m.max_batch, m.max_context, m.prefill_buckets, m.dtype) == (
+        "neuron", 1, 3, 64, [16, 32], "bfloat16")
+    assert next(c for c in calls if c[0] == "compile")[3] == 2
+    assert "== gemma-4-e2b" in capsys.readouterr().out
+
+
+@NO_SDK
+def test_smoke_without_the_sdk_says_what_to_install(capsys):
+    assert compile_main(["smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "neuronx-distributed 0.19.28492" in err
