@@ -20,6 +20,7 @@ from serve_app.chat_output import ChatOutput
 from serve_app.constraints import json_grammar, tool_grammar
 
 from conftest import hf_reference
+from doubles.biased_backend import BiasedBackend
 
 pytestmark = pytest.mark.slow
 CTX = 1024
@@ -111,13 +112,23 @@ def test_bounded_json_schema_validates_and_stops(eng):
 
 
 def test_json_object_is_an_object(eng):
+    """A random model never closes a free-form string on its own (it runs to max_tokens, an object's start);
+    biased towards the tokens that close JSON, it ends, and what it wrote is an object."""
     ids = eng.encode_chat(MSGS)
     g = json_grammar({"type": "object"})
-    events = run(eng, [eng.new_sequence(ids, SamplingParams(max_tokens=200), grammar=eng.grammars.compile(g))])[0]
-    out = text(events)
-    assert out.startswith("{")
-    if events[-1].finish_reason == "stop":
-        assert isinstance(json.loads(out), dict)
+    events = run(eng, [eng.new_sequence(ids, SamplingParams(max_tokens=40), grammar=eng.grammars.compile(g))])[0]
+    assert text(events).startswith("{") and events[-1].finish_reason == "length"
+    one = {c: eng.encode(c)[-1] for c in '"}:1,'}
+    real = eng.backend
+    eng.backend = BiasedBackend(real, {one['"']: 5.0, one["}"]: 4.0, one[":"]: 3.5, one["1"]: 3.5, one[","]: 1.5})
+    try:
+        seqs = [eng.new_sequence(ids, params(i, 200), grammar=eng.grammars.compile(g)) for i in range(4)]
+        res = run(eng, seqs)
+    finally:
+        eng.backend = real
+    for events in res:
+        assert events[-1].finish_reason == "stop"
+        assert isinstance(json.loads(text(events)), dict)
 
 
 def test_free_rows_beside_constrained_rows_keep_their_solo_tokens(eng):
