@@ -10,7 +10,8 @@
   objects...) gets a JSON-bodied call instead, `call:NAME{"key":"text"}` under llguidance's own JSON
   Schema support; the Gemma-4 parser reads both forms.
 
-Strings in native calls hold no `<` and no control characters (so no text can imitate a control token).
+Strings in native calls hold no `<` (so no text can imitate a control token) and no control characters
+but tab and newline.
 Errors are `ConstraintError(param, message)`; the grammars are checked against the tokenizer on the
 replica (`neuron_workers.engine.grammar`).
 """
@@ -117,7 +118,7 @@ class _Native:
             raise _Fallback
         if hi == 0:
             return self.rule('<|"|> <|"|>')
-        text = self.rule(f"/[^<\\x00-\\x1f]{{{lo},{'' if hi is None else hi}}}/", terminal=True)
+        text = self.rule(f"/[^<\\x00-\\x08\\x0b-\\x1f]{{{lo},{'' if hi is None else hi}}}/", terminal=True)
         return self.rule(f'<|"|> {text} <|"|>' if lo else f'<|"|> {text}? <|"|>')
 
     def object(self, s) -> str:
@@ -160,7 +161,7 @@ class _Native:
 
 def arguments_rule(name: str, params: dict | None, i: int) -> tuple[str, list[str]]:
     """(rule name, rules) for `NAME{...}` of tool i: native when the schema allows, JSON otherwise."""
-    params = params or {"type": "object", "properties": {}}
+    params = params or {"type": "object", "properties": {}, "additionalProperties": False}  # no arguments
     native = _Native(f"t{i}")
     try:
         body = native.object({k: v for k, v in params.items() if k not in ANNOTATIONS} | {"type": "object"})
