@@ -74,7 +74,12 @@ class Grammars:
         """A fresh matcher for `grammar`; a grammar the tokenizer cannot serve is a UserError naming `param`."""
         from llguidance import LLMatcher
 
-        tok = self.tokenizer()
+        try:
+            tok = self.tokenizer()
+        except UserError:
+            raise
+        except Exception as e:  # a tokenizer llguidance cannot read: refuse the request, keep serving
+            raise UserError(f"constrained decoding is not available for this model: {e}", param=param) from e
         with self.lock:
             proto = self.cache.get(grammar)
             if proto is not None:
