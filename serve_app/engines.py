@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 
 def build_worker_engine(spec):
-    """The real engine: checkpoint + backend from neuron_workers (imports torch; only inside replicas)."""
+    """The real engine: checkpoint + backend from neuron_workers (imports torch; only inside replicas). The
+    grammar tokenizer (about 1 s at 262,144 tokens) is built in the background, so the first constrained
+    request does not wait for it."""
     from neuron_workers.factory import build_engine
 
-    return build_engine(spec.engine_config())
+    engine = build_engine(spec.engine_config())
+    if engine.tokenizer is not None:
+        threading.Thread(target=engine.grammars.tokenizer, name="grammar-tokenizer", daemon=True).start()
+    return engine

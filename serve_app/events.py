@@ -20,6 +20,7 @@ class Started:
 class Delta:
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[dict, ...] = ()  # per token when asked: {token, logprob, bytes, top_logprobs}
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     text: str = ""  # the whole output for a non-streaming request, "" for a stream
+    logprobs: tuple[dict, ...] = ()  # a non-streaming request's per-token logprobs, when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +56,9 @@ class GenerateRequest:
     sampling: tuple[tuple[str, float | int], ...] = ()  # the fields the request set; the replica fills the rest
     ignore_eos: bool = False
     stream: bool = False
+    tools: tuple[dict, ...] = ()  # OpenAI tool definitions, for the chat template
+    template_kwargs: tuple[tuple[str, bool], ...] = ()  # e.g. (("enable_thinking", True),)
+    grammar: str | None = None  # llguidance grammar every token must follow (`serve_app.constraints`)
+    grammar_param: str | None = None  # the request field it comes from (for a 400)
+    logprobs: int | None = None  # None: none; n: each token's logprob and the top n
+    keep_special: bool = False  # keep control tokens in the text (the router's output parsers need them)

@@ -26,6 +26,7 @@ from neuron_workers.engine.events import ErrorEvent
 from neuron_workers.engine.loop import ServingEngine
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import ContextLengthError, UserError
+from serve_app import prepare
 from serve_app.config import ModelSpec
 from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.metrics import ServerMetrics
@@ -86,8 +87,8 @@ class ModelServer:
         """Tokenize and validate (runs on a worker thread); returns a sequence ready for the engine."""
         eng = self.engine
         if req.kind == "chat":
-            self._check_text_length(sum(len(m.get("content", "")) for m in req.messages), "messages")
-            ids = eng.encode_chat(list(req.messages))
+            self._check_text_length(sum(len(m.get("content") or "") for m in req.messages), "messages")
+            ids = prepare.chat_ids(eng, req)
         elif isinstance(req.prompt, str):
             self._check_text_length(len(req.prompt), "prompt")
             ids = eng.encode(req.prompt)
@@ -96,7 +97,7 @@ class ModelServer:
         max_tokens = req.max_tokens or max(eng.max_context - len(ids), 1)
         sampling = {**eng.sampling_defaults, **dict(req.sampling)}
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
-        return eng.new_sequence(ids, params, list(req.stop))
+        return eng.new_sequence(ids, params, list(req.stop), **prepare.sequence_options(eng, req))
 
     def _check_text_length(self, chars: int, param: str) -> None:
         """Refuse, without tokenizing it, a text that cannot fit: no token is longer than
@@ -132,7 +133,7 @@ class ModelServer:
         timer.prompt(len(seq.prompt_ids))
         self.loop.submit(seq, lambda ev: loop.call_soon_threadsafe(events.put_nowait, (time.perf_counter(), ev)))
         yield Started(len(seq.prompt_ids))
-        text, ids, n, sent, done = [], [], 0, 0.0, False
+        text, ids, lps, n, sent, done = [], [], [], 0, 0.0, False
         interval = self.spec.stream_interval_ms / 1e3
         try:
             while True:
@@ -151,13 +152,16 @@ class ModelServer:
                     n += 1
                     text.append(ev.text)
                     ids.append(ev.token_id)
+                    if ev.logprob is not None:
+                        lps.append(prepare.logprob_entry(self.engine.tokenizer, ev))
                 final = batch[-1][1]
                 if stream and (ids or final.final):
-                    yield Delta("".join(text), tuple(ids))
-                    text, ids, sent = [], [], time.perf_counter()
+                    yield Delta("".join(text), tuple(ids), tuple(lps))
+                    text, ids, lps, sent = [], [], [], time.perf_counter()
                 if final.final:
                     done = True
-                    yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text))
+                    yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text),
+                                   () if stream else tuple(lps))
                     return
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
             if not done:

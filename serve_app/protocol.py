@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from serve_app import protocol_tools as T
+from serve_app.constraints import ConstraintError
 from serve_app.events import GenerateRequest
 
 MAX_STOP = 4
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
 # OpenAI fields we do not implement: a request that sets one gets a 400 naming it, never a silent ignore.
 # (value that means "not used": a request may send it)
-UNSUPPORTED = {"tools": None, "tool_choice": None, "functions": None, "function_call": None,
-               "parallel_tool_calls": None, "response_format": None, "echo": False, "best_of": None,
-               "logit_bias": None, "suffix": None, "top_logprobs": None, "presence_penalty": 0,
+UNSUPPORTED = {"functions": None, "function_call": None, "echo": False, "best_of": None,
+               "logit_bias": None, "suffix": None, "presence_penalty": 0,
                "frequency_penalty": 0, "audio": None, "modalities": None, "prediction": None,
                "reasoning_effort": None, "web_search_options": None}
+CHAT_ONLY = {"tools": None, "tool_choice": None, "parallel_tool_calls": None, "response_format": None,
+             "top_logprobs": None, "chat_template_kwargs": None}
 STRICT = ConfigDict(extra="ignore", strict=True)  # "stream": "yes" or "max_tokens": true are 400s, not coerced
 
 
@@ -61,13 +64,13 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     ignore_eos: bool = False
-    logprobs: bool | int | None = None
+    refused: ClassVar[dict] = UNSUPPORTED
 
     @model_validator(mode="before")
     @classmethod
     def _unsupported(cls, data):
         if isinstance(data, dict):
-            for name, unused in UNSUPPORTED.items():
+            for name, unused in cls.refused.items():
                 value = data.get(name, unused)
                 if value not in (unused, None) and value != [] and value != {}:  # empty: nothing asked for
                     raise UnsupportedField(name)
@@ -77,13 +80,6 @@ class SamplingFields(BaseModel):
     @classmethod
     def _utf8(cls, v):
         return utf8(v)
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v:
-            raise ValueError("logprobs are not supported yet")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -125,33 +121,83 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = STRICT
 
-    role: Literal["system", "user", "assistant", "model"]
-    content: str | list[TextPart]
+    role: Literal["system", "user", "assistant", "model", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[T.ToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool results
+    name: str | None = None
 
     @field_validator("content")
     @classmethod
     def _utf8(cls, v):
         return utf8(v)
 
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.content is None and not (self.role in ("assistant", "model") and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
+
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[T.Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | T.NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: T.ResponseFormat | None = None
+    chat_template_kwargs: T.TemplateKwargs | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    _grammar: tuple = PrivateAttr((None, None))
+    _messages: tuple = PrivateAttr(())
+
+    @model_validator(mode="after")
+    def _agentic(self):
+        """Check tools, tool_choice and response_format and build the grammar they force (a 400 naming the
+        param when they cannot be served); the message history as the chat template wants it."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ConstraintError("top_logprobs", "top_logprobs needs logprobs: true")
+        choice = self.tool_choice or ("auto" if self.tools else "none")
+        self._grammar = T.grammar_for(self.tools, choice, self.parallel_tool_calls, self.response_format,
+                                      self.thinking)
+        self._messages = T.history(self.messages)
+        return self
+
+    @property
+    def thinking(self) -> bool:
+        return bool(self.chat_template_kwargs and self.chat_template_kwargs.enable_thinking)
+
+    @property
+    def parsed_tools(self) -> list[str]:
+        """The tools whose calls the output parser turns into tool_calls (none with tool_choice "none")."""
+        return [] if self.tool_choice == "none" else T.tool_names(self.tools)
 
     def payload(self) -> GenerateRequest:
-        msgs = tuple({"role": "assistant" if m.role == "model" else m.role, "content": m.text()}
-                     for m in self.messages)
-        return GenerateRequest("chat", messages=msgs, max_tokens=self.max_completion_tokens or self.max_tokens,
+        grammar, param = self._grammar
+        kwargs = {"enable_thinking": True} if self.thinking else {}
+        return GenerateRequest("chat", messages=self._messages,
+                               max_tokens=self.max_completion_tokens or self.max_tokens,
                                stop=tuple(self.stop or ()), sampling=tuple(self.sampling().items()),
-                               ignore_eos=self.ignore_eos, stream=self.stream)
+                               ignore_eos=self.ignore_eos, stream=self.stream,
+                               tools=tuple(t.model_dump(exclude_none=True) for t in self.tools or ()),
+                               template_kwargs=tuple(kwargs.items()), grammar=grammar, grammar_param=param,
+                               logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+                               keep_special=bool(self.tools) or self.thinking)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    refused: ClassVar[dict] = {**UNSUPPORTED, **CHAT_ONLY}
 
     @field_validator("prompt")
     @classmethod
@@ -170,7 +216,7 @@ class CompletionRequest(SamplingFields):
         prompt = self.prompt if isinstance(self.prompt, str) else tuple(self.prompt)
         return GenerateRequest("completion", prompt=prompt, max_tokens=self.max_tokens, stop=tuple(self.stop or ()),
                                sampling=tuple(self.sampling().items()), ignore_eos=self.ignore_eos,
-                               stream=self.stream)
+                               stream=self.stream, logprobs=self.logprobs)
 
 
 # --- responses --------------------------------------------------------------------------------------
@@ -196,13 +242,6 @@ def chat_chunk(rid: str, model: str, delta: dict, finish: str | None) -> dict:
 def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
-
-
-def chat_response(rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
-            "usage": usage(prompt, completion)}
 
 
 def completion_response(rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict:

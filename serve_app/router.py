@@ -27,7 +27,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app import gate
 from serve_app import protocol as P
+from serve_app.constraints import ConstraintError
 from serve_app.events import Delta, Failed, Finished
+from serve_app.responses import Output
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
@@ -50,6 +52,8 @@ async def _validation(request: Request, exc: RequestValidationError):
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, P.UnsupportedField):
         return error(400, str(cause), param=cause.name, code="unsupported_parameter")
+    if isinstance(cause, ConstraintError):
+        return error(400, str(cause), param=cause.param, code="invalid_value")
     path = ".".join(x for x in loc if x not in _TYPE_NAMES and "[" not in x)  # drop union-branch names
     msg = first.get("msg", "invalid request").removeprefix("Value error, ")
     return error(400, f"{path}: {msg}" if path else msg, param=loc[0] if loc else None, code="invalid_value")
@@ -157,18 +161,17 @@ class Router:
         rid = P.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._stream(gen, rid, body.model, chat, include_usage),
+            return StreamingResponse(self._stream(gen, rid, body.model, chat, include_usage, Output(body, rid, chat)),
                                      media_type="text/event-stream")
-        return await self._collect(gen, rid, body.model, chat)
+        return await self._collect(gen, rid, body.model, chat, Output(body, rid, chat))
 
-    async def _collect(self, gen, rid, model, chat):
+    async def _collect(self, gen, rid, model, chat, out: Output):
         try:
             async for ev in gen:
                 if isinstance(ev, Failed):
                     return error(ev.status, ev.message, ev.type, param=ev.param, code=ev.code)
                 if isinstance(ev, Finished):
-                    build = P.chat_response if chat else P.completion_response
-                    return build(rid, model, ev.text, ev.finish_reason, ev.prompt_tokens, ev.completion_tokens)
+                    return out.result(ev)
         except asyncio.CancelledError:
             gen.cancel()
             raise
@@ -176,19 +179,19 @@ class Router:
             return replica_gone(model, e)
         raise RuntimeError("the replica ended the request without a result")
 
-    async def _stream(self, gen, rid, model, chat, include_usage):
+    async def _stream(self, gen, rid, model, chat, include_usage, out: Output):
         """SSE chunks. Any failure after the 200 went out is one `data: {"error": ...}` event and then
         `data: [DONE]`: a stream never just stops."""
         try:
-            if chat:
-                yield sse(P.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
+            for chunk in out.start():
+                yield sse(chunk)
             async for ev in gen:
-                if isinstance(ev, Delta) and ev.text:
-                    yield sse(P.chat_chunk(rid, model, {"content": ev.text}, None) if chat
-                              else P.completion_chunk(rid, model, ev.text, None))
+                if isinstance(ev, Delta):
+                    for chunk in out.delta(ev):
+                        yield sse(chunk)
                 elif isinstance(ev, Finished):
-                    yield sse(P.chat_chunk(rid, model, {}, ev.finish_reason) if chat
-                              else P.completion_chunk(rid, model, "", ev.finish_reason))
+                    for chunk in out.finish(ev):
+                        yield sse(chunk)
                     if include_usage:
                         yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                    "model": model, "choices": [],

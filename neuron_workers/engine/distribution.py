@@ -9,6 +9,7 @@ argmax of the masked raw logits (the cap is monotone, and raw values have no cap
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from neuron_workers.engine.sampling import Row, Sampled, soft_cap
@@ -21,24 +22,81 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((bitmask.reshape(-1, 1) >> _BITS) & 1).bool().reshape(-1)[:vocab]
 
 
+SPARSE_WORDS = 512  # masks with at most this many non-zero words are sampled over their allowed ids only
+CHUNKS = 1024  # top-k over 262,144 values: the k chunks with the largest maxima hold the top k
+
+
+def allowed_ids(bitmask: torch.Tensor, vocab: int, limit: int = SPARSE_WORDS) -> torch.Tensor | None:
+    """The allowed token ids, ascending, when the mask is sparse (at most `limit` non-zero words); else None."""
+    words = torch.nonzero(bitmask).flatten()
+    if words.numel() > limit:
+        return None
+    bits = ((bitmask[words].unsqueeze(1) >> _BITS) & 1).bool()
+    ids = (words.unsqueeze(1) * 32 + _BITS)[bits]
+    return ids[ids < vocab]
+
+
 def sample_full_row(logits: torch.Tensor, row: Row, cap: float | None) -> Sampled:
-    """One row's token (and logprobs when asked) from its raw logits [vocab]."""
-    raw = logits.float()
-    ok = unpack_bitmask(row.allowed, raw.shape[-1]) if row.allowed is not None else None
-    if ok is not None and not bool(ok.any()):
-        return Sampled(-1, error="the grammar allows no next token")
-    p = row.params
-    if p.greedy:
-        token = int(torch.argmax(raw if ok is None else raw.masked_fill(~ok, float("-inf"))))
+    """One row's token (and logprobs when asked) from its raw logits [vocab]. A mask removes tokens from the
+    distribution the row's own sampling parameters shape; a sparse mask is sampled over its allowed ids
+    alone, a dense one over the whole row with masked values at -inf (the same distribution either way)."""
+    raw, p = logits.float(), row.params
+    if row.allowed is None:
+        token = _argmax(raw) if p.greedy else _draw(soft_cap(raw, cap), p, row.generator)
     else:
-        z = soft_cap(raw, cap)
-        token = _draw(z if ok is None else z.masked_fill(~ok, float("-inf")), p, row.generator)
+        token = _masked(raw, row, cap)
+        if token < 0:
+            return Sampled(-1, error="the grammar allows no next token")
     if row.logprobs is None:
         return Sampled(token)
     lp = torch.log_softmax(soft_cap(raw, cap), dim=-1)
     top = torch.topk(lp, row.logprobs) if row.logprobs else None
     pairs = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
     return Sampled(token, float(lp[token]), pairs)
+
+
+def _argmax(z: torch.Tensor) -> int:
+    return int(z.numpy().argmax())  # first index on ties, as torch.argmax (which is slower on CPU)
+
+
+def _masked(raw: torch.Tensor, row: Row, cap: float | None) -> int:
+    """The row's token under its mask (raw: fp32 [vocab]), or -1 when the mask allows nothing."""
+    p, mask, vocab = row.params, row.allowed, raw.shape[-1]
+    ids = allowed_ids(mask, vocab)
+    if ids is not None:  # sparse: only the allowed ids
+        if not ids.numel():
+            return -1
+        sub = raw.index_select(0, ids)
+        return int(ids[_argmax(sub)] if p.greedy else ids[_draw(soft_cap(sub, cap), p, row.generator)])
+    a = raw.numpy()
+    if p.greedy:
+        token = int(a.argmax())
+        if (int(mask[token >> 5]) >> (token & 31)) & 1:
+            return token
+    ok = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:vocab].view(bool)
+    if not ok.any():
+        return -1
+    masked = np.full_like(a, -np.inf)
+    np.copyto(masked, a, where=ok)
+    if p.greedy:
+        return int(masked.argmax())
+    z = torch.from_numpy(masked)
+    if 0 < p.top_k < vocab:  # top-k of the masked raw values, then the cap (monotone) on those alone
+        vals, idx = _top_k(z, p.top_k)
+        capped = soft_cap(vals, cap).masked_fill(torch.isinf(vals), float("-inf"))
+        return int(idx[_draw(capped, p, row.generator)])
+    return _draw(soft_cap(raw, cap).masked_fill(torch.from_numpy(~ok), float("-inf")), p, row.generator)
+
+
+def _top_k(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(z, k) for z [vocab]: the top k lie in the k chunks with the largest maxima."""
+    if z.numel() % CHUNKS or k > CHUNKS:
+        return torch.topk(z, k)
+    rows = z.view(CHUNKS, -1)
+    width = rows.shape[1]
+    best = rows.amax(dim=1).topk(k).indices
+    vals, j = rows.index_select(0, best).flatten().topk(k)
+    return vals, best[j // width] * width + j % width
 
 
 def _draw(z: torch.Tensor, p, generator) -> int:

@@ -14,9 +14,12 @@ import functools
 import logging
 from typing import Iterator
 
+import torch
+
 from neuron_workers.backends import Backend
 from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
+from neuron_workers.engine.grammar import Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.engine.sampling import Row, Sampled, make_generator, sample_rows
 from neuron_workers.engine.scheduler import Scheduler
@@ -54,9 +57,11 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return list(self._require_tokenizer()(text)["input_ids"])
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+        """The chat template's prompt ids; `tools` and the kwargs (e.g. `enable_thinking`) go to the template."""
         tok = self._require_tokenizer()
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
+                                       **template_kwargs)
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     @functools.cached_property
@@ -84,13 +89,27 @@ class Engine:
                 f"{max_tokens} new tokens were asked for ({n_prompt + max_tokens} in all)",
                 param="max_tokens" if n_prompt < self.max_context else "prompt")
 
-    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] | None = None) -> Sequence:
-        """A validated sequence, ready for `add` (a UserError here costs the engine nothing)."""
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Grammar compilation for constrained rows (`compile` is thread-safe: call it off the engine thread)."""
+        return Grammars(self.tokenizer, self.dims.vocab_size, self.model.eos_token_ids)
+
+    @functools.cached_property
+    def _bitmask(self):
+        return torch.full((self.max_batch, self.grammars.words), -1, dtype=torch.int32)
+
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] | None = None, *,
+                     grammar: RowGrammar | None = None, logprobs: int | None = None,
+                     skip_special_tokens: bool = True) -> Sequence:
+        """A validated sequence, ready for `add` (a UserError here costs the engine nothing). `grammar`
+        (from `grammars.compile`) constrains every token; `logprobs` (n >= 0) asks for the chosen token's
+        logprob and the top n; `skip_special_tokens=False` keeps control tokens in the text (for parsers)."""
         self.validate(prompt_ids, params.max_tokens)
         eos = set() if params.ignore_eos else set(self.model.eos_token_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens) if self.tokenizer else None
         return Sequence(list(prompt_ids), params, frozenset(set(params.stop_token_ids) | eos),
-                        None if params.greedy else make_generator(params.seed),
-                        IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None, StopStrings(stop or []))
+                        None if params.greedy else make_generator(params.seed), detok, StopStrings(stop or []),
+                        grammar=grammar, logprobs=logprobs)
 
     # --- scheduling ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -138,12 +157,29 @@ class Engine:
         return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in zip(running, picks)]
 
     def _sample(self, logits, rows: list[tuple[int, Sequence]]) -> list[Sampled]:
-        return sample_rows(logits, [Row(r, s.params, s.generator) for r, s in rows], self.dims.final_logit_softcapping)
+        """Each row's token; a constrained row's mask is filled just before (a grammar that fails gives
+        that row alone an error)."""
+        out = []
+        for i, (r, s) in enumerate(rows):
+            allowed = None
+            if s.grammar is not None:
+                try:
+                    s.grammar.fill(self._bitmask, i)
+                except Exception as e:
+                    out.append(Sampled(-1, error=f"{type(e).__name__}: {e}"))
+                    continue
+                allowed = self._bitmask[i]
+            out.append(Row(r, s.params, s.generator, allowed, s.logprobs))
+        good = [x for x in out if isinstance(x, Row)]
+        picks = iter(sample_rows(logits, good, self.dims.final_logit_softcapping) if good else [])
+        return [next(picks) if isinstance(x, Row) else x for x in out]
 
     def _emit(self, seq: Sequence, pick: Sampled) -> TokenEvent:
         if pick.error:
             raise RuntimeError(pick.error)  # this sequence alone fails (`_guard`)
-        ev = seq.append(pick.token)
+        if seq.grammar is not None:
+            seq.grammar.accept(pick.token)  # GrammarError: this sequence alone fails
+        ev = seq.append(pick.token, pick, done=seq.grammar is not None and seq.grammar.done)
         if ev.final:
             self._release(seq)
         return ev

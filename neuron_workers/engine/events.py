@@ -14,6 +14,8 @@ class TokenEvent:
     token_id: int
     text: str  # text this token completes, after stop strings ("" without a tokenizer or mid-character)
     finish_reason: str | None  # None while generating, then "stop" or "length"
+    logprob: float | None = None  # when the sequence asked for logprobs: the token's (model distribution)
+    top: tuple[tuple[int, float], ...] = ()  # and the top n (token id, logprob), best first
 
     @property
     def final(self) -> bool:

@@ -14,6 +14,7 @@ import torch
 from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import TokenEvent
 from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.sampling import Sampled
 from neuron_workers.engine.stops import StopStrings
 
 _ids = itertools.count(1)
@@ -40,6 +41,8 @@ class Sequence:
     finish_reason: str | None = None
     created_at: float = field(default_factory=time.perf_counter)
     admitted_at: float | None = None
+    grammar: object | None = None  # grammar.RowGrammar: constrains every token
+    logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the top n
 
     @property
     def next_position(self) -> int:
@@ -50,10 +53,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append(self, token: int) -> TokenEvent:
-        """Record a sampled token; apply stop ids, max tokens and stop strings; return its event."""
+    def append(self, token: int, sampled: Sampled | None = None, done: bool = False) -> TokenEvent:
+        """Record a sampled token; apply stop ids, max tokens and stop strings (and `done`: the grammar is
+        complete); return its event, with the token's logprobs when the sequence asked for them."""
         self.output_ids.append(token)
-        finish = "stop" if token in self.stop_ids else (
+        finish = "stop" if token in self.stop_ids or done else (
             "length" if len(self.output_ids) >= self.params.max_tokens else None)
         piece = self.detok.push(token) if self.detok else ""
         if finish and self.detok:
@@ -64,4 +68,6 @@ class Sequence:
         elif finish:
             text += self.stops.flush()
         self.finish_reason = finish
+        if self.logprobs is not None and sampled is not None and sampled.logprob is not None:
+            return TokenEvent(self.seq_id, token, text, finish, sampled.logprob, sampled.top)
         return TokenEvent(self.seq_id, token, text, finish)

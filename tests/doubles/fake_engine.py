@@ -21,7 +21,7 @@ class CharTokenizer:
     def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [OFFSET + ord(c) % (VOCAB - OFFSET) for c in text]}
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None, **kwargs):
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<model>"
 
     def decode(self, ids, skip_special_tokens=True):

@@ -119,7 +119,7 @@ BAD = [
     ("chat/completions", {"model": "e2b", "messages": [{"role": "user", "content": "word " * 600}]}, 400,
      "context_length_exceeded"),
     ("completions", {"prompt": "hi"}, 400, "invalid_value"),
-    ("completions", {"model": "e2b", "prompt": "hi", "logprobs": 2}, 400, "invalid_value"),
+    ("completions", {"model": "e2b", "prompt": "hi", "logprobs": 6}, 400, "invalid_value"),
 ]
 
 

@@ -106,7 +106,9 @@ BAD = [
     ({"prompt": "hi", "temperature": "0.5"}, "temperature"),
     ({"prompt": "hi", "stop": ["a\udfffb"]}, "stop"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "strng"}}}}, "response_format"),
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"prompt": "hi", "echo": True}, "echo"),
     ({"prompt": "hi", "best_of": 2}, "best_of"),
     ({"prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),

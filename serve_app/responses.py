@@ -1,0 +1,88 @@
+"""OpenAI response bodies for one request, from the replica's events: the chat message (through
+`chat_output.ChatOutput` when the request has tools or thinking: tool_calls, reasoning_content, control
+tokens removed), logprobs in OpenAI's chat and completions shapes, streamed or not. Pure Python."""
+
+from __future__ import annotations
+
+import time
+
+from serve_app import protocol as P
+from serve_app.chat_output import ChatOutput
+from serve_app.events import Delta, Finished
+
+
+def chat_logprobs(entries) -> dict:
+    return {"content": list(entries)}
+
+
+class CompletionLogprobs:
+    """{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}, offsets running across chunks."""
+
+    def __init__(self):
+        self.offset = 0
+
+    def __call__(self, entries) -> dict:
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for e in entries:
+            out["tokens"].append(e["token"])
+            out["token_logprobs"].append(e["logprob"])
+            out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+            out["text_offset"].append(self.offset)
+            self.offset += len(e["token"])
+        return out
+
+
+class Output:
+    """Builds one request's bodies: `start`, `delta`, `finish` chunks for a stream, or `result`."""
+
+    def __init__(self, body, rid: str, chat: bool):
+        self.rid, self.model, self.chat = rid, body.model, chat
+        self.want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+        parse = chat and (body.tools or body.thinking)
+        self.parser = ChatOutput(body.parsed_tools, body.thinking) if parse else None
+        self.logprobs = chat_logprobs if chat else CompletionLogprobs()
+
+    def _chunk(self, delta: dict | str, finish, logprobs=None) -> dict:
+        if self.chat:
+            body = P.chat_chunk(self.rid, self.model, delta, finish)
+        else:
+            body = P.completion_chunk(self.rid, self.model, delta, finish)
+        if logprobs is not None:
+            body["choices"][0]["logprobs"] = logprobs
+        return body
+
+    def start(self) -> list[dict]:
+        return [self._chunk({"role": "assistant", "content": ""}, None)] if self.chat else []
+
+    def delta(self, ev: Delta) -> list[dict]:
+        lp = self.logprobs(ev.logprobs) if self.want_logprobs and ev.logprobs else None
+        if not self.chat:
+            return [self._chunk(ev.text, None, lp)] if ev.text or lp else []
+        deltas = self.parser.feed(ev.text) if self.parser else ([{"content": ev.text}] if ev.text else [])
+        if lp is not None and not deltas:
+            deltas = [{}]
+        return [self._chunk(d, None, lp if i == 0 else None) for i, d in enumerate(deltas)]
+
+    def finish(self, ev: Finished) -> list[dict]:
+        if not self.chat:
+            return [self._chunk("", ev.finish_reason)]
+        out = [self._chunk(d, None) for d in self.parser.flush()] if self.parser else []
+        reason = self.parser.finish_reason(ev.finish_reason) if self.parser else ev.finish_reason
+        return out + [self._chunk({}, reason)]
+
+    def result(self, ev: Finished) -> dict:
+        lp = self.logprobs(ev.logprobs) if self.want_logprobs else None
+        if not self.chat:
+            body = P.completion_response(self.rid, self.model, ev.text, ev.finish_reason, ev.prompt_tokens,
+                                         ev.completion_tokens)
+            body["choices"][0]["logprobs"] = lp
+            return body
+        if self.parser is None:
+            msg, reason = {"role": "assistant", "content": ev.text}, ev.finish_reason
+        else:
+            self.parser.feed(ev.text)
+            self.parser.flush()
+            msg, reason = self.parser.message(), self.parser.finish_reason(ev.finish_reason)
+        return {"id": self.rid, "object": "chat.completion", "created": int(time.time()), "model": self.model,
+                "choices": [{"index": 0, "message": msg, "finish_reason": reason, "logprobs": lp}],
+                "usage": P.usage(ev.prompt_tokens, ev.completion_tokens)}
