@@ -6,6 +6,7 @@ One ModelServer deployment per configured model (named `Model_<name>`), each rep
 
 from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
 
+from serve_app.autoscale import autoscaling_config
 from serve_app.config import API_KEY_ENV, AppArgs, ModelSpec
 from serve_app.model_server import ModelServer
 from serve_app.router import Router
@@ -22,8 +23,7 @@ def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
     if m.min_replicas == m.max_replicas:
         opts["num_replicas"] = m.max_replicas
     else:
-        opts["autoscaling_config"] = {"min_replicas": m.min_replicas, "max_replicas": m.max_replicas,
-                                      "target_ongoing_requests": m.target_ongoing_requests}
+        opts["autoscaling_config"] = autoscaling_config(m)
     return opts
 
 
@@ -57,4 +57,10 @@ def build_app(args: AppArgs) -> serve.Application:
                for m in args.models}
     contexts = {m.name: m.max_context for m in args.models}
     return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(
-        handles, contexts, digests, args.max_request_bytes)
+        handles, contexts, digests, args.max_request_bytes, ops_settings(args))
+
+
+def ops_settings(args: AppArgs) -> dict:
+    """What the router's gate, drain and health need (plain values: they travel to the router's process)."""
+    return {"max_header_bytes": args.max_header_bytes, "body_timeout_s": args.body_timeout_s,
+            "drain_timeout_s": args.graceful_shutdown_timeout_s, "drain_abort_grace_s": args.drain_abort_grace_s}

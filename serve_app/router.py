@@ -25,14 +25,14 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve_app import gate
+from serve_app import drain, gate, health
 from serve_app import protocol as P
 from serve_app.events import Delta, Failed, Finished
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
 api.add_middleware(gate.Gate)
-READY_TIMEOUT_S = 5.0
+api.add_middleware(drain.Drain)  # outermost: counts every /v1 request in flight (serve_app/drain.py)
 RETRY = {"Retry-After": "1"}
 REPLICA_GONE = (RayActorError, ActorUnavailableError)  # the replica died or restarts: retryable
 
@@ -95,11 +95,22 @@ def replica_gone(model: str, e: Exception) -> JSONResponse:
 @serve.ingress(api)
 class Router:
     def __init__(self, models: dict, max_context: dict | None = None, key_digests: list[str] | None = None,
-                 max_request_bytes: int = gate.DEFAULT_MAX_REQUEST_BYTES):
+                 max_request_bytes: int = gate.DEFAULT_MAX_REQUEST_BYTES, ops: dict | None = None):
         self.models = models  # name -> DeploymentHandle
         self.max_context = dict(max_context or {})
         # through the module (Serve ships this class by value: a name bound here would be a copy)
         gate.SETTINGS.key_digests, gate.SETTINGS.max_request_bytes = list(key_digests or []), max_request_bytes
+        ops = ops or {}
+        gate.SETTINGS.max_header_bytes = ops.get("max_header_bytes", gate.SETTINGS.max_header_bytes)
+        gate.SETTINGS.body_timeout_s = ops.get("body_timeout_s", gate.SETTINGS.body_timeout_s)
+        drain.STATE.timeout_s = ops.get("drain_timeout_s", drain.STATE.timeout_s)
+        drain.STATE.abort_grace_s = ops.get("drain_abort_grace_s", drain.STATE.abort_grace_s)
+        self.health_state = health.Health(health.app_name(), {m: f"Model_{m}" for m in models}, models,
+                                          self.max_context)
+
+    async def drain(self, timeout_s: float | None = None) -> dict:
+        """Stop admitting, let in-flight requests finish, end the rest (`python -m serve_app.run` calls it)."""
+        return await drain.STATE.drain(timeout_s)
 
     @api.get("/metrics")
     async def metrics(self):
@@ -118,18 +129,17 @@ class Router:
         return {"object": "list", "data": data}
 
     @api.get("/health")
+    @api.get("/health/ready")
     async def health(self):
-        async def one(name, handle):
-            try:
-                info = await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
-                self.max_context[name] = info["max_context"]
-                return name, "ready"
-            except Exception as e:  # not started, pending resources, or failed
-                return name, f"not ready ({type(e).__name__})"
+        """Ready while every model has a RUNNING replica, however busy (cached: serve_app/health.py)."""
+        self.health_state.start()
+        status, body = self.health_state.report(drain.STATE.draining)
+        return JSONResponse(body, status_code=status)
 
-        states = dict(await asyncio.gather(*(one(n, h) for n, h in self.models.items())))
-        ok = all(s == "ready" for s in states.values())
-        return JSONResponse({"status": "ok" if ok else "loading", "models": states}, status_code=200 if ok else 503)
+    @api.get("/health/live")
+    async def live(self):
+        self.health_state.start()
+        return {"status": "draining" if drain.STATE.draining else "alive"}
 
     @api.post("/v1/chat/completions")
     async def chat(self, body: P.ChatRequest):
