@@ -25,6 +25,14 @@ def _error(code: str) -> dict:
     return {"error": {"message": SHUTDOWN_MESSAGE, "type": "server_error", "param": None, "code": code}}
 
 
+def cancelled(exc: BaseException) -> bool:
+    """Whether an exception only says the request was cancelled (its client disconnected)."""
+    from ray.exceptions import TaskCancelledError
+    from ray.serve.exceptions import RequestCancelledError
+
+    return isinstance(exc, (TaskCancelledError, RequestCancelledError, asyncio.CancelledError))
+
+
 class Flight:
     """One request in flight: its task and what of its response has gone out."""
 

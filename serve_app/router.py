@@ -66,6 +66,9 @@ async def _http(request: Request, exc: StarletteHTTPException):
 
 @api.exception_handler(Exception)
 async def _server_error(request: Request, exc: Exception):  # ours, never the user's: log it, answer in shape
+    if drain.cancelled(exc):  # the client went away: one line, no traceback (nobody is left to answer)
+        log.info("client disconnected: %s %s cancelled", request.method, request.url.path)
+        return error(499, "client closed the request", "server_error", code="client_closed_request")
     log.exception("request failed: %s", exc)
     return error(500, f"internal error: {type(exc).__name__}", "server_error", code="internal_error")
 

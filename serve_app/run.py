@@ -14,7 +14,6 @@ drains the applications of a running cluster and exits (e.g. a Kubernetes preSto
 
 from __future__ import annotations
 
-import _thread
 import signal
 import sys
 import threading
@@ -51,7 +50,9 @@ def install_handlers() -> None:
             drain_all(_say)
         finally:
             state["phase"] = "drained"
-            _thread.interrupt_main()  # the main thread raises KeyboardInterrupt: `serve run` shuts down
+            # a real signal to the main thread (it wakes from `serve run`'s sleep), which then raises
+            # KeyboardInterrupt: `serve run` shuts Serve down
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     def on_signal(signum, frame):
         import ray
