@@ -86,9 +86,9 @@ def ray_node(tmp: Path, name: str, resources: dict, head_port: int | None = None
     args = [str(Path(sys.executable).with_name("ray")), "start", "--block", "--node-ip-address=127.0.0.1",
             f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}", "--object-store-memory=80000000",
             "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}",
-            f"--metrics-export-port={free_port()}"]
+            f"--metrics-export-port={free_port()}", f"--temp-dir={ray_tmp}"]
     if gcs_port is not None:
-        args += ["--head", f"--port={gcs_port}", "--include-dashboard=false", f"--temp-dir={ray_tmp}",
+        args += ["--head", f"--port={gcs_port}", "--include-dashboard=false",
                  f"--ray-client-server-port={free_port()}"]
     else:
         args += [f"--address=127.0.0.1:{head_port}"]
