@@ -163,3 +163,25 @@ def test_autoscaling_target_defaults_to_max_batch():
     args = AppArgs(models=[fake_spec(max_batch=4, max_replicas=2)], graceful_shutdown_timeout_s=7)
     assert deployment_options(args.models[0], args)["autoscaling_config"]["target_ongoing_requests"] == 4.0
     assert ops_settings(args)["drain_timeout_s"] == 7
+
+
+def test_a_replica_names_its_node_and_the_mismatched_manifest_field(tiny_dirs, tmp_path):
+    """A node whose copy of the artifacts was built for another max_batch: the replica refuses to start,
+    naming the node and the field (the real manifest check, on the cpu backend)."""
+    import socket
+
+    from neuron_workers.artifacts.manifest import Manifest, config_hash, installed_versions
+    from neuron_workers.errors import UserError
+    from neuron_workers.model.loader import load_model
+    from serve_app.model_server import ModelServer
+
+    d = tiny_dirs["gemma4-e2b-tiny"]
+    info = load_model(d, with_weights=False).info
+    Manifest("cpu", config_hash(info.text_config), info.model_type, 1, 2, 64, [64], "float32", {},
+             installed_versions("cpu")).write(tmp_path)
+    spec = {"name": "e2b", "path": str(d), "backend": "cpu", "artifacts": str(tmp_path), "max_context": 64,
+            "max_batch": 4}
+    with pytest.raises(UserError, match=rf"'e2b' cannot start on node {socket.gethostname()}.*max_batch=2"):
+        ModelServer(spec)
+    with pytest.raises(UserError, match=rf"on node {socket.gethostname()}.*no manifest.json"):
+        ModelServer({**spec, "artifacts": str(tmp_path / "missing")})
