@@ -2,7 +2,7 @@
 
 A probe never calls a replica (a replica's calls queue behind generation: under load that is a
 BackPressureError, i.e. "not ready" exactly when the node is busiest). Instead the router polls
-Serve's controller once a second for its application's replicas (`Health.poll`, on a worker thread)
+Serve's controller once a second (4 times a second while a model is not ready) for its application's replicas (`Health.poll`, on a worker thread)
 and answers from that: a model is ready while at least one replica is RUNNING (Serve marks a replica
 RUNNING once its constructor, which loads the engine, has returned, and replaces one whose
 `check_health` fails), however busy it is. Before the first poll every model reads "loading" (a
@@ -18,7 +18,9 @@ import time
 
 log = logging.getLogger("ray.serve")
 POLL_S = 1.0
+POLL_STARTING_S = 0.25  # faster while some model is not ready yet: readiness shows soon after loading
 FETCH_TIMEOUT_S = 10.0
+FIRST_POLL_TIMEOUT_S = 1.0
 
 
 def app_name() -> str | None:
@@ -72,8 +74,23 @@ class Health:
         self._warned = False
 
     def start(self) -> None:
+        """Start polling (from the router's constructor, which Serve runs on the replica's event loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop here: the first probe starts it
+            return
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._task = loop.create_task(self._loop())
+
+    async def answer(self, draining: bool) -> tuple[int, dict]:
+        """`report`, after one poll of its own when none has completed yet (the first probe after a start)."""
+        self.start()
+        if self.polled_at is None:
+            try:
+                self.poll_once(await asyncio.wait_for(asyncio.to_thread(_serve_details), FIRST_POLL_TIMEOUT_S))
+            except Exception:
+                pass
+        return self.report(draining)
 
     async def _loop(self) -> None:
         while True:
@@ -83,7 +100,7 @@ class Health:
                 if not self._warned:
                     log.warning("health: cannot read Serve's state (%s); keeping the last known", e)
                     self._warned = True
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(POLL_S if all(v == "ready" for v in self.states.values()) else POLL_STARTING_S)
 
     def poll_once(self, details: dict) -> None:
         app = (details.get("applications") or {}).get(self.app_name)

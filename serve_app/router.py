@@ -110,6 +110,7 @@ class Router:
         drain.STATE.abort_grace_s = ops.get("drain_abort_grace_s", drain.STATE.abort_grace_s)
         self.health_state = health.Health(health.app_name(), {m: f"Model_{m}" for m in models}, models,
                                           self.max_context)
+        self.health_state.start()
 
     async def drain(self, timeout_s: float | None = None) -> dict:
         """Stop admitting, let in-flight requests finish, end the rest (`python -m serve_app.run` calls it)."""
@@ -135,8 +136,7 @@ class Router:
     @api.get("/health/ready")
     async def health(self):
         """Ready while every model has a RUNNING replica, however busy (cached: serve_app/health.py)."""
-        self.health_state.start()
-        status, body = self.health_state.report(drain.STATE.draining)
+        status, body = await self.health_state.answer(drain.STATE.draining)
         return JSONResponse(body, status_code=status)
 
     @api.get("/health/live")
