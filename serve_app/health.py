@@ -2,12 +2,13 @@
 
 A probe never calls a replica (a replica's calls queue behind generation: under load that is a
 BackPressureError, i.e. "not ready" exactly when the node is busiest). Instead the router polls
-Serve's controller once a second (4 times a second while a model is not ready) for its application's replicas (`Health.poll`, on a worker thread)
-and answers from that: a model is ready while at least one replica is RUNNING (Serve marks a replica
-RUNNING once its constructor, which loads the engine, has returned, and replaces one whose
-`check_health` fails), however busy it is. Before the first poll every model reads "loading" (a
-quick 503 during start-up); while draining the whole router reads "draining" (503), so a load
-balancer stops sending new work. `/health/live` is 200 as long as the router's process answers.
+Serve's controller for its application's replicas, once a second (4 times while a model is not ready),
+on a worker thread, and answers from that: a model is ready while at least one replica is RUNNING
+(Serve marks a replica RUNNING once its constructor, which loads the engine, has returned, and replaces
+one whose `check_health` fails), however busy it is. The first probe before any poll waits for one
+poll (at most 1 s; during start-up that is a quick 503 "loading"). While draining the whole router
+reads "draining" (503), so a load balancer stops sending new work. `/health/live` is 200 as long as
+the router's process answers.
 """
 
 from __future__ import annotations
