@@ -96,11 +96,11 @@ def ray_node(tmp: Path, name: str, resources: dict, head_port: int | None = None
 
 
 def write_config(tmp: Path, port: int, args: dict, deployments: list | None = None,
-                 proxy_location: str = "HeadOnly") -> Path:
+                 proxy_location: str = "HeadOnly", **http) -> Path:
     app = {"name": "gemma4", "route_prefix": "/", "import_path": "serve_app.app:build_app", "args": args}
     if deployments:
         app["deployments"] = deployments
-    cfg = {"proxy_location": proxy_location, "http_options": {"host": "127.0.0.1", "port": port},
+    cfg = {"proxy_location": proxy_location, "http_options": {"host": "127.0.0.1", "port": port, **http},
            "applications": [app]}
     path = tmp / "serve.yaml"
     path.write_text(yaml.safe_dump(cfg))

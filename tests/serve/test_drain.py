@@ -2,13 +2,16 @@
 the fake engine) gets SIGTERM or SIGINT by PID with streams and non-streams in flight. Requests that
 can finish within graceful_shutdown_timeout_s finish whole; the longer ones end with the stream error
 event / a 503 `shutting_down`; a request sent during the drain gets 503 with Retry-After; the server
-exits. Plus a client disconnect logs one line, not a traceback."""
+exits. Before that, through the real proxy: a huge request head is a 431, a body that never completes a
+408, an idle keep-alive connection is closed, and a client that disconnects is one log line, not a
+traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
+import socket
 import time
 
 import httpx
@@ -41,17 +44,51 @@ def text_of(events):
     return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e.get("choices"))
 
 
+def raw(port: int, data: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    s.sendall(data)
+    return s
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def slow_clients_are_turned_away(port: int) -> None:
+    r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"x-junk": "a" * 20000}, timeout=20)
+    assert r.status_code == 431 and r.json()["error"]["code"] == "request_header_too_large"
+    half_open = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100\r\n\r\n{")  # 99 bytes of body never come
+    head = half_open.recv(65536)
+    assert head.startswith(b"HTTP/1.1 408") and b"request_timeout" in head, head
+    half_open.close()
+    idle = raw(port, b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive, then nothing
+    answer = read_until_closed(idle)  # the server closes it after keep_alive_timeout_s (2 s here)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1
+    idle.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_drains_in_flight_requests_then_exits(tmp_path, sig):
     gcs, port = free_port(), free_port()
     head = ray_node(tmp_path, "head", {"neuron_cores": 0}, gcs_port=gcs)
     cfg = write_config(tmp_path, port, {"accelerator_resource": "", "graceful_shutdown_timeout_s": DRAIN_S,
-                                        "graceful_shutdown_wait_loop_s": 0.2, "models": [fake("m")]})
+                                        "graceful_shutdown_wait_loop_s": 0.2, "models": [fake("m")],
+                                        "max_header_bytes": 8192, "body_timeout_s": 1.0}, keep_alive_timeout_s=2)
     server = None
     url = f"http://127.0.0.1:{port}"
     try:
         server = serve_run(tmp_path, cfg, gcs)
         wait_ready(url, 150, server, others=[head])
+        slow_clients_are_turned_away(port)
+        with httpx.Client(timeout=30) as h, h.stream("POST", f"{url}/v1/completions", json={
+                "model": "m", "prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 3:
+                    break  # the client leaves mid-stream
 
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as h:
@@ -85,7 +122,8 @@ def test_signal_drains_in_flight_requests_then_exits(tmp_path, sig):
         assert server.wait(60) is not None, server.text()[-3000:]
         took = time.monotonic() - t_signal
         assert DRAIN_S <= took < DRAIN_S + 40, took
-        assert "draining" in server.text()
+        log = server.text()
+        assert "draining" in log and "disconnected" in log and "Traceback" not in log
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{url}/health", timeout=2)
     finally:
