@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 
-from localcluster import free_port, ray_node, serve_run, wait_ready, write_config
+from localcluster import ROOT, env, free_port, ray_node, serve_run, wait_ready, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode]
 HEAD = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}  # the router and `side` stay on the head
@@ -108,6 +110,12 @@ def test_replicas_across_two_nodes_survive_losing_one(tmp_path):
         worker = ray_node(tmp_path, "worker2", {"neuron_cores": 2}, head_port=gcs)  # the machine returns
         after = wait_ready(url, 240, server, want=on_two_nodes, others=[head, worker])
         assert head_node in nodes_of(after, "wide") and nodes_of(after, "wide") != nodes_of(before, "wide")
+
+        # a script drains a running cluster: `python -m serve_app.run --drain --address ...`
+        out = subprocess.run([sys.executable, "-m", "serve_app.run", "--drain", "--address", f"127.0.0.1:{gcs}"],
+                             capture_output=True, text=True, timeout=120, env=env(), cwd=ROOT)
+        assert out.returncode == 0 and "drain: application 'gemma4': {'in_flight': 0" in out.stderr, out.stderr
+        assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "draining"
     finally:
         if server is not None:
             server.stop()
