@@ -5,7 +5,8 @@ NEURON_RT_VISIBLE_CORES would reserve every core). Every error leaves in OpenAI'
 missing or wrong API key 401 and a body over the limit 413 (`gate.Gate`, before any parsing), unknown
 model 404, invalid request 400 naming the `param` (FastAPI's 422 is mapped; an OpenAI field we do not
 implement is refused by name), context too long 400 `context_length_exceeded`, a full queue 503
-`overloaded`, a replica that died 503 `replica_unavailable`, both with Retry-After. The router waits for
+`overloaded`, a replica that died 503 `replica_unavailable`, a server draining for shutdown 503
+`shutting_down` (`drain.Drain`), all with Retry-After. The router waits for
 the replica's first event before answering, so errors and back-pressure are real status codes; once a
 stream has started, a failure is one `data: {"error": ...}` event followed by `data: [DONE]`.
 `GET /metrics` serves the Prometheus text of every node's Ray metrics agent on the HTTP port.
