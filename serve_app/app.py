@@ -56,8 +56,20 @@ def build_app(args: AppArgs) -> serve.Application:
     handles = {m.name: ModelDeployment.options(**deployment_options(m, args)).bind(m.model_dump())
                for m in args.models}
     contexts = {m.name: m.max_context for m in args.models}
-    return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(
+    return Router.options(max_ongoing_requests=router_ongoing_limit(args)).bind(
         handles, contexts, digests, args.max_request_bytes, ops_settings(args))
+
+
+PROBE_HEADROOM = 64  # requests beyond what the models hold: health probes, /v1/models, 503s on their way out
+
+
+def router_ongoing_limit(args: AppArgs) -> int:
+    """`router_max_ongoing_requests`, raised to what every model can hold (running, waiting and queued) plus
+    headroom: a router that is full queues its own /health probes in the proxy, behind generation."""
+    if any(m.max_queued_requests < 0 for m in args.models):
+        return args.router_max_ongoing_requests
+    hold = sum(m.max_replicas * m.ongoing_limit + m.max_queued_requests for m in args.models)
+    return max(args.router_max_ongoing_requests, hold + PROBE_HEADROOM)
 
 
 def ops_settings(args: AppArgs) -> dict:

@@ -185,3 +185,17 @@ def test_a_replica_names_its_node_and_the_mismatched_manifest_field(tiny_dirs, t
         ModelServer(spec)
     with pytest.raises(UserError, match=rf"on node {socket.gethostname()}.*no manifest.json"):
         ModelServer({**spec, "artifacts": str(tmp_path / "missing")})
+
+
+def test_the_router_holds_more_than_every_model_can():
+    """inf2.yaml's models can hold 368 requests (running, waiting, queued): the router's limit is above that."""
+    from pathlib import Path
+
+    import yaml
+
+    from serve_app.app import PROBE_HEADROOM, router_ongoing_limit
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "inf2.yaml").read_text())
+    args = AppArgs(**cfg["applications"][0]["args"])
+    assert router_ongoing_limit(args) == 4 * 32 + 64 + 2 * 32 + 64 + 2 * 8 + 32 + PROBE_HEADROOM
+    assert router_ongoing_limit(AppArgs(models=[fake_spec()])) == 256  # small configs keep the default
