@@ -38,8 +38,8 @@ def env(**extra) -> dict:
 class Proc:
     """A subprocess in its own process group, its output in a file."""
 
-    def __init__(self, args: list[str], log: Path, **kw):
-        self.log = log
+    def __init__(self, args: list[str], log: Path, cleanup: Path | None = None, **kw):
+        self.log, self.cleanup = log, cleanup
         self.out = open(log, "wb")
         self.p = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True,
                                   cwd=ROOT, **kw)
@@ -67,6 +67,10 @@ class Proc:
         self.kill_group(sig_mod.SIGKILL)
         self.wait(5)
         self.out.close()
+        if self.cleanup is not None:  # Ray's session directory (sockets, logs) of this process
+            import shutil
+
+            shutil.rmtree(self.cleanup, ignore_errors=True)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -92,7 +96,7 @@ def ray_node(tmp: Path, name: str, resources: dict, head_port: int | None = None
                  f"--ray-client-server-port={free_port()}"]
     else:
         args += [f"--address=127.0.0.1:{head_port}"]
-    return Proc(args, tmp / f"{name}.log", env=env())
+    return Proc(args, tmp / f"{name}.log", cleanup=ray_tmp, env=env())
 
 
 def write_config(tmp: Path, port: int, args: dict, deployments: list | None = None,
@@ -108,8 +112,9 @@ def write_config(tmp: Path, port: int, args: dict, deployments: list | None = No
 
 
 def serve_run(tmp: Path, config: Path, gcs_port: int) -> Proc:
+    ray_tmp = short_tmp()
     return Proc([sys.executable, "-m", "serve_app.run", str(config), f"--address=127.0.0.1:{gcs_port}"],
-                tmp / "serve_run.log", env=env(RAY_TMPDIR=str(short_tmp())))
+                tmp / "serve_run.log", cleanup=ray_tmp, env=env(RAY_TMPDIR=str(ray_tmp)))
 
 
 def wait_ready(url: str, timeout: float, proc: Proc | None = None, want=None, others=()) -> dict:

@@ -107,6 +107,7 @@ def test_replicas_across_two_nodes_survive_losing_one(tmp_path):
         lost = wait_ready(url, 120, server, others=[head], want=lambda b: nodes_of(b, "wide") == {head_node})
         assert lost["models"]["wide"] == "ready"
 
+        worker.stop()  # already dead: close its log, remove its session directory
         worker = ray_node(tmp_path, "worker2", {"neuron_cores": 2}, head_port=gcs)  # the machine returns
         after = wait_ready(url, 240, server, want=on_two_nodes, others=[head, worker])
         assert head_node in nodes_of(after, "wide") and nodes_of(after, "wide") != nodes_of(before, "wide")
