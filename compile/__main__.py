@@ -1,4 +1,4 @@
-"""python -m compile {build,plan,smoke} ...
+"""python -m compile {build,plan,kuberay,smoke} ...
 
   build  --model DIR --out DIR [--tp N --batch B --max-context N --prefill-buckets 128,512 --dtype D]
          [--backend neuron|cpu] [--jobs J]               trace + compile the graphs, write artifacts + manifest
@@ -8,6 +8,8 @@
   plan   --model DIR_OR_CONFIG_JSON [--tp N --batch B --max-context N --instance inf2.24xlarge] [--json]
   plan   --config configs/inf2.yaml [--model NAME]     each model as configured, on the config's instance
          per-core HBM and host RAM; exits 2 with the numbers when a model does not fit
+  kuberay --config configs/inf2.yaml [--check]   the KubeRay RayService for EKS generated from that config
+         (configs/kuberay/rayservice.yaml; --check exits 1 when it has drifted)
   smoke  the inf2 hardware smoke test (compile/smoke.py): versions, a toy ModelBuilder model, tiny
          checkpoints at tp 1 and 2 against the CPU backend; PASS/FAIL per step
 """
@@ -51,6 +53,10 @@ def parse(argv):
     p.add_argument("--prefill-bucket", type=int, help="largest prefill bucket (default: max context)")
     p.add_argument("--instance", default="inf2.24xlarge")
     p.add_argument("--json", action="store_true")
+    k = sub.add_parser("kuberay", help="write (or --check) the KubeRay RayService generated from a serve config")
+    k.add_argument("--config", default="configs/inf2.yaml")
+    k.add_argument("--out", help="default: configs/kuberay/rayservice.yaml")
+    k.add_argument("--check", action="store_true", help="exit 1 when the manifest has drifted from the config")
     sm = sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
     sm.add_argument("step", nargs="?", choices=["sdk", "toy", "tp1", "tp2"], help="run one step (internal)")
     args = ap.parse_args(argv)
@@ -117,6 +123,10 @@ def main(argv=None) -> int:
             return _build(args)
         if args.cmd == "plan":
             return _plan(args)
+        if args.cmd == "kuberay":
+            from compile.kuberay import main as kuberay
+
+            return kuberay(args.config, args.out, args.check)
         from compile.smoke import main as smoke
 
         return smoke([args.step] if args.step else [])

@@ -6,6 +6,7 @@ One ModelServer deployment per configured model (named `Model_<name>`), each rep
 
 from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
 
+from serve_app.autoscale import autoscaling_config
 from serve_app.config import API_KEY_ENV, AppArgs, ModelSpec
 from serve_app.model_server import ModelServer
 from serve_app.router import Router
@@ -22,8 +23,7 @@ def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
     if m.min_replicas == m.max_replicas:
         opts["num_replicas"] = m.max_replicas
     else:
-        opts["autoscaling_config"] = {"min_replicas": m.min_replicas, "max_replicas": m.max_replicas,
-                                      "target_ongoing_requests": m.target_ongoing_requests}
+        opts["autoscaling_config"] = autoscaling_config(m)
     return opts
 
 
@@ -56,5 +56,23 @@ def build_app(args: AppArgs) -> serve.Application:
     handles = {m.name: ModelDeployment.options(**deployment_options(m, args)).bind(m.model_dump())
                for m in args.models}
     contexts = {m.name: m.max_context for m in args.models}
-    return Router.options(max_ongoing_requests=args.router_max_ongoing_requests).bind(
-        handles, contexts, digests, args.max_request_bytes)
+    return Router.options(max_ongoing_requests=router_ongoing_limit(args)).bind(
+        handles, contexts, digests, args.max_request_bytes, ops_settings(args))
+
+
+PROBE_HEADROOM = 64  # requests beyond what the models hold: health probes, /v1/models, 503s on their way out
+
+
+def router_ongoing_limit(args: AppArgs) -> int:
+    """`router_max_ongoing_requests`, raised to what every model can hold (running, waiting and queued) plus
+    headroom: a router that is full queues its own /health probes in the proxy, behind generation."""
+    if any(m.max_queued_requests < 0 for m in args.models):
+        return args.router_max_ongoing_requests
+    hold = sum(m.max_replicas * m.ongoing_limit + m.max_queued_requests for m in args.models)
+    return max(args.router_max_ongoing_requests, hold + PROBE_HEADROOM)
+
+
+def ops_settings(args: AppArgs) -> dict:
+    """What the router's gate, drain and health need (plain values: they travel to the router's process)."""
+    return {"max_header_bytes": args.max_header_bytes, "body_timeout_s": args.body_timeout_s,
+            "drain_timeout_s": args.graceful_shutdown_timeout_s, "drain_abort_grace_s": args.drain_abort_grace_s}

@@ -44,7 +44,14 @@ class ModelSpec(EngineFields):
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
-    target_ongoing_requests: float = Field(2.0, gt=0)
+    target_ongoing_requests: float | None = Field(
+        None, gt=0, description="Autoscaling target per replica (default: max_batch, a replica is busy when its "
+        "batch slots are)")
+    upscale_delay_s: float = Field(30.0, ge=0, description="Load above target this long adds a replica")
+    downscale_delay_s: float = Field(600.0, ge=0, description="Load below target this long removes one (it "
+                                     "drains: its requests finish first)")
+    autoscaling_options: dict = Field(default_factory=dict, description="Further fields of Serve's "
+                                      "autoscaling_config (look_back_period_s, metrics_interval_s, ...)")
     max_ongoing_requests: int | None = Field(None, ge=1, description="Requests a replica holds at once, running "
                                              "or waiting for a slot (default: 2 x max_batch)")
     max_queued_requests: int = Field(16, ge=-1, description="Waiting callers before 503; -1 = unbounded")
@@ -55,6 +62,10 @@ class ModelSpec(EngineFields):
     @property
     def ongoing_limit(self) -> int:
         return self.max_ongoing_requests or 2 * (self.max_batch or DEFAULT_MAX_BATCH)
+
+    @property
+    def autoscaling_target(self) -> float:
+        return self.target_ongoing_requests or float(self.max_batch or DEFAULT_MAX_BATCH)
 
     @property
     def neuron_cores(self) -> int:
@@ -89,6 +100,11 @@ class AppArgs(BaseModel):
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger is a 413")
     instance: str | None = Field(None, description="The inf2 instance this config is sized for "
                                  "(`python -m compile plan --config` checks every model on it)")
+    max_header_bytes: int = Field(32 * 1024, ge=1024, description="Largest request head (all headers); larger "
+                                  "is a 431")
+    body_timeout_s: float = Field(15.0, gt=0, description="A request body must arrive within this; else 408")
+    drain_abort_grace_s: float = Field(2.0, ge=0, description="On shutdown, after graceful_shutdown_timeout_s, "
+                                       "how long the requests still running get to send their error and close")
 
     @field_validator("models", mode="before")
     @classmethod

@@ -5,14 +5,20 @@ FastAPI reads or parses anything, so a 10 MB body costs a 413 and nothing else.
   get 401 in OpenAI's envelope. Keys are kept as SHA-256 digests and compared in constant time
   (`hmac.compare_digest`); `/health` and `/metrics` stay open.
 - Size: a body over `max_request_bytes` is answered 413 from its Content-Length, or as soon as the
-  streamed body passes the limit.
+  streamed body passes the limit; a request head (path and headers) over `max_header_bytes` 431.
+- Slow bodies: a body that has not fully arrived `body_timeout_s` after the request began is answered
+  408 (a half-open request cannot hold a connection and a router slot for long). Idle connections are
+  closed by Serve's proxy after `http_options.keep_alive_timeout_s`; timeouts while the head itself is
+  being sent are the proxy's (uvicorn has none): put the port behind a load balancer that has them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import time
 from dataclasses import dataclass, field
 
 
@@ -21,12 +27,16 @@ def key_digest(key: str) -> str:
 
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024
+DEFAULT_BODY_TIMEOUT_S = 15.0
 
 
 @dataclass
 class GateSettings:
     key_digests: list[str] = field(default_factory=list)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
 
 SETTINGS = GateSettings()  # one router per process: its constructor fills this in
@@ -62,7 +72,13 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
+            len(k) + len(v) + 4 for k, v in raw)
+        if head > SETTINGS.max_header_bytes:
+            return await _reply(send, _envelope(431, f"the request head is larger than this server's limit of "
+                                                f"{SETTINGS.max_header_bytes} bytes", "request_header_too_large"))
+        headers = dict(raw)
         if "/v1/" in scope.get("path", "") and not authorized(headers):
             return await _reply(send, _envelope(401, "Incorrect or missing API key: send `Authorization: Bearer "
                                                 "<key>`.", "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
@@ -75,9 +91,13 @@ class Gate:
             return await _reply(send, _too_large(limit))
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        chunks, total = [], 0
+        chunks, total, deadline = [], 0, time.monotonic() + SETTINGS.body_timeout_s
         while True:
-            msg = await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
+            except TimeoutError:
+                return await _reply(send, _envelope(408, f"the request body did not arrive within "
+                                                    f"{SETTINGS.body_timeout_s:g} s", "request_timeout"))
             if msg["type"] != "http.request":  # the client left
                 return
             chunks.append(msg.get("body", b""))

@@ -30,6 +30,7 @@ from serve_app import prepare
 from serve_app.config import ModelSpec
 from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.metrics import ServerMetrics
+from serve_app.nodes import build_engine_here
 
 log = logging.getLogger("ray.serve")
 
@@ -63,7 +64,7 @@ class ModelServer:
         self.cores = check_visible_cores(self.spec)
         from neuron_workers.engine.loop import EngineLoop  # torch arrives with the engine, not with this module
 
-        self.engine: ServingEngine = import_attr(self.spec.engine)(self.spec)
+        self.engine: ServingEngine = build_engine_here(self.spec, import_attr(self.spec.engine))
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
         self.metrics = ServerMetrics(self.spec.name)
         self.loop = EngineLoop(self.engine, name=f"engine-{self.spec.name}", on_step=self.metrics.step)

@@ -5,7 +5,8 @@ NEURON_RT_VISIBLE_CORES would reserve every core). Every error leaves in OpenAI'
 missing or wrong API key 401 and a body over the limit 413 (`gate.Gate`, before any parsing), unknown
 model 404, invalid request 400 naming the `param` (FastAPI's 422 is mapped; an OpenAI field we do not
 implement is refused by name), context too long 400 `context_length_exceeded`, a full queue 503
-`overloaded`, a replica that died 503 `replica_unavailable`, both with Retry-After. The router waits for
+`overloaded`, a replica that died 503 `replica_unavailable`, a server draining for shutdown 503
+`shutting_down` (`drain.Drain`), all with Retry-After. The router waits for
 the replica's first event before answering, so errors and back-pressure are real status codes; once a
 stream has started, a failure is one `data: {"error": ...}` event followed by `data: [DONE]`.
 `GET /metrics` serves the Prometheus text of every node's Ray metrics agent on the HTTP port.
@@ -25,7 +26,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve_app import gate
+from serve_app import drain, gate, health
 from serve_app import protocol as P
 from serve_app.constraints import ConstraintError
 from serve_app.events import Delta, Failed, Finished
@@ -34,7 +35,7 @@ from serve_app.responses import Output
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
 api.add_middleware(gate.Gate)
-READY_TIMEOUT_S = 5.0
+api.add_middleware(drain.Drain)  # outermost: counts every /v1 request in flight (serve_app/drain.py)
 RETRY = {"Retry-After": "1"}
 REPLICA_GONE = (RayActorError, ActorUnavailableError)  # the replica died or restarts: retryable
 
@@ -70,6 +71,9 @@ async def _http(request: Request, exc: StarletteHTTPException):
 
 @api.exception_handler(Exception)
 async def _server_error(request: Request, exc: Exception):  # ours, never the user's: log it, answer in shape
+    if drain.cancelled(exc):  # the client went away: one line, no traceback (nobody is left to answer)
+        log.info("client disconnected: %s %s cancelled", request.method, request.url.path)
+        return error(499, "client closed the request", "server_error", code="client_closed_request")
     log.exception("request failed: %s", exc)
     return error(500, f"internal error: {type(exc).__name__}", "server_error", code="internal_error")
 
@@ -99,11 +103,23 @@ def replica_gone(model: str, e: Exception) -> JSONResponse:
 @serve.ingress(api)
 class Router:
     def __init__(self, models: dict, max_context: dict | None = None, key_digests: list[str] | None = None,
-                 max_request_bytes: int = gate.DEFAULT_MAX_REQUEST_BYTES):
+                 max_request_bytes: int = gate.DEFAULT_MAX_REQUEST_BYTES, ops: dict | None = None):
         self.models = models  # name -> DeploymentHandle
         self.max_context = dict(max_context or {})
         # through the module (Serve ships this class by value: a name bound here would be a copy)
         gate.SETTINGS.key_digests, gate.SETTINGS.max_request_bytes = list(key_digests or []), max_request_bytes
+        ops = ops or {}
+        gate.SETTINGS.max_header_bytes = ops.get("max_header_bytes", gate.SETTINGS.max_header_bytes)
+        gate.SETTINGS.body_timeout_s = ops.get("body_timeout_s", gate.SETTINGS.body_timeout_s)
+        drain.STATE.timeout_s = ops.get("drain_timeout_s", drain.STATE.timeout_s)
+        drain.STATE.abort_grace_s = ops.get("drain_abort_grace_s", drain.STATE.abort_grace_s)
+        self.health_state = health.Health(health.app_name(), {m: f"Model_{m}" for m in models}, models,
+                                          self.max_context)
+        self.health_state.start()
+
+    async def drain(self, timeout_s: float | None = None) -> dict:
+        """Stop admitting, let in-flight requests finish, end the rest (`python -m serve_app.run` calls it)."""
+        return await drain.STATE.drain(timeout_s)
 
     @api.get("/metrics")
     async def metrics(self):
@@ -122,18 +138,16 @@ class Router:
         return {"object": "list", "data": data}
 
     @api.get("/health")
+    @api.get("/health/ready")
     async def health(self):
-        async def one(name, handle):
-            try:
-                info = await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
-                self.max_context[name] = info["max_context"]
-                return name, "ready"
-            except Exception as e:  # not started, pending resources, or failed
-                return name, f"not ready ({type(e).__name__})"
+        """Ready while every model has a RUNNING replica, however busy (cached: serve_app/health.py)."""
+        status, body = await self.health_state.answer(drain.STATE.draining)
+        return JSONResponse(body, status_code=status)
 
-        states = dict(await asyncio.gather(*(one(n, h) for n, h in self.models.items())))
-        ok = all(s == "ready" for s in states.values())
-        return JSONResponse({"status": "ok" if ok else "loading", "models": states}, status_code=200 if ok else 503)
+    @api.get("/health/live")
+    async def live(self):
+        self.health_state.start()
+        return {"status": "draining" if drain.STATE.draining else "alive"}
 
     @api.post("/v1/chat/completions")
     async def chat(self, body: P.ChatRequest):
