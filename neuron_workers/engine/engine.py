@@ -18,7 +18,7 @@ from neuron_workers.backends import Backend
 from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
 from neuron_workers.engine.params import SamplingParams
-from neuron_workers.engine.sampling import Row, Sampled, make_generator, sample_rows
+from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_logits, sample_rows
 from neuron_workers.engine.scheduler import Scheduler
 from neuron_workers.engine.sequence import Sequence
 from neuron_workers.engine.stops import StopStrings
@@ -129,16 +129,25 @@ class Engine:
 
     def _decode(self, running: list[Sequence]) -> list[EngineEvent]:
         try:
-            logits = self.backend.decode(self.batch.inputs(
-                [(s.slot, s.output_ids[-1], s.next_position) for s in running]))
-            picks = self._sample(logits, [(s.slot, s) for s in running])
+            inputs = self.batch.inputs([(s.slot, s.output_ids[-1], s.next_position) for s in running])
+            rows = self._rows([(s.slot, s) for s in running])
+            k = getattr(self.backend, "candidates", 0)  # the top-K decode graph, when no row needs the logits
+            if k and not any(needs_logits(r, k) for r in rows):
+                scores = self.backend.decode_candidates(inputs)
+            else:
+                scores = self.backend.decode(inputs)
+            picks = sample_rows(scores, rows, self.dims.final_logit_softcapping)
         except Exception as e:  # the backend failed: every running sequence ends, the engine goes on
             log.exception("decode step failed")
             return [self._fail(s, e) for s in running]
         return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in zip(running, picks)]
 
     def _sample(self, logits, rows: list[tuple[int, Sequence]]) -> list[Sampled]:
-        return sample_rows(logits, [Row(r, s.params, s.generator) for r, s in rows], self.dims.final_logit_softcapping)
+        return sample_rows(logits, self._rows(rows), self.dims.final_logit_softcapping)
+
+    def _rows(self, rows: list[tuple[int, Sequence]]) -> list[Row]:
+        """What each row asks of the sampler (which also decides whether the step needs full logits)."""
+        return [Row(r, s.params, s.generator) for r, s in rows]
 
     def _emit(self, seq: Sequence, pick: Sampled) -> TokenEvent:
         if pick.error:

@@ -57,6 +57,7 @@ class TraceArtifacts:
     weight_name_to_idx: dict[str, int]
     metaneff: types.SimpleNamespace
     inputs: list[tuple[tuple[int, ...], torch.dtype]]
+    switches: dict = None  # module attributes the trace was taken under (the graph keeps them)
 
 
 class ModelBuilder:
@@ -74,8 +75,11 @@ class ModelBuilder:
                                     f"it would not be linked as device state")
         state = [MetaTensor("INPUT_STATE", n.encode()) for n, u in uses.items() if u.read]
         inputs = [(tuple(a.shape), a.dtype) for a in args]
+        # the module's own trace-time switches (e.g. which decode variant): the compiled graph keeps them
+        switches = {"candidates": getattr(self.model, "candidates", None)}
         self.trace_artifacts_collection[tag] = TraceArtifacts(
-            {w: i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state), inputs)
+            {w: i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state), inputs,
+            switches)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -129,6 +133,9 @@ class FakeNxDModel:
         if [(tuple(a.shape), a.dtype) for a in args] != self.traces[model_name].inputs:
             raise DoubleRejects(f"inputs differ from the traced {model_name}")
         CALLS.append(("forward", model_name))
+        for name, value in (self.traces[model_name].switches or {}).items():
+            if value is not None:
+                setattr(self.module, name, value)
         with torch.no_grad():
             return self.module(*args)
 
