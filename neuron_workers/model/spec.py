@@ -23,12 +23,14 @@ from typing import NamedTuple
 
 import torch
 
-from neuron_workers.model.dims import FULL, SLIDING, ModelDims
+from neuron_workers.model.dims import DECODE_CANDIDATES, FULL, SLIDING, ModelDims, decode_candidates
+
+__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "PREFILL", "Candidates", "GraphSpec", "TensorSpec",
+           "decode_candidates", "kv_specs", "make_spec"]
 
 PREFILL, DECODE = "prefill", "decode"
 DECODE_LOGITS = "decode_logits"  # the tag of the decode variant that returns the full logits
 KV_PREFIXES = ("k.", "v.")
-DECODE_CANDIDATES = 256  # K of the `decode` graph: NxD Inference's global_topk; covers Gemma-4's top_k 64 with margin
 
 
 class Candidates(NamedTuple):
@@ -127,7 +129,3 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
     return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates)
 
-
-def decode_candidates(dims: ModelDims) -> int:
-    """K of the candidates variant for this model (the vocabulary, if it is smaller)."""
-    return min(DECODE_CANDIDATES, dims.vocab_size)

@@ -60,3 +60,18 @@ def test_engine_picks_the_graph_per_step_and_tokens_do_not_change(tiny_dirs):
     mixed = CpuBackend(*args, max_batch=3)
     assert run(model, mixed, with_full) == run(model, NoCandidates(*args, max_batch=3), with_full)
     assert DECODE_LOGITS in mixed._graphs  # the row without top-k made its steps return the logits
+
+
+def test_plan_counts_the_bytes_the_decode_graphs_return():
+    """`compile plan`'s device -> host bytes per step are the declared outputs' bytes (bf16 values, int32 ids)."""
+    from compile.plan import decode_output_bytes, load_text_config
+    from neuron_workers.model.dims import ModelDims
+
+    from conftest import CONFIGS
+
+    dims = ModelDims.from_hf(load_text_config(CONFIGS / "gemma-4-E2B.text_config.json"))
+    specs = [make_spec(dims, DECODE, 32, 1, 4096, torch.bfloat16, torch.int32, candidates=k)
+             for k in (decode_candidates(dims), 0)]
+    nbytes = [sum(torch.empty((), dtype=t.dtype).element_size() * torch.Size(t.shape).numel()
+                  for t in s.outputs[: s.num_heads]) for s in specs]
+    assert tuple(nbytes) == decode_output_bytes(dims, 32) == (32 * 256 * 6, 32 * 262_144 * 2)
