@@ -65,6 +65,7 @@ class ModelServer:
 
         self.engine: ServingEngine = import_attr(self.spec.engine)(self.spec)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
+        self.streams = 0  # streaming requests in flight (they share stream_messages_per_s)
         self.metrics = ServerMetrics(self.spec.name)
         self.loop = EngineLoop(self.engine, name=f"engine-{self.spec.name}", on_step=self.metrics.step)
         log.info("model %s ready (backend %s, tp %d, cores %s, context %d, max_batch %d)", self.spec.name,
@@ -134,11 +135,11 @@ class ModelServer:
         self.loop.submit(seq, lambda ev: inbox.push(time.perf_counter(), ev))
         yield Started(len(seq.prompt_ids))
         text, ids, n, sent, done = [], [], 0, 0.0, False
-        interval = self.spec.stream_interval_ms / 1e3
+        self.streams += stream
         try:
             while True:
                 # a stream wakes at most once per interval, a non-streaming request only for its last event
-                batch = await inbox.take(sent + interval if stream else None)
+                batch = await inbox.take(sent + self._stream_interval() if stream else None)
                 for _, ev in batch:
                     if isinstance(ev, ErrorEvent):
                         done = True
@@ -157,8 +158,14 @@ class ModelServer:
                     yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text))
                     return
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
+            self.streams -= stream
             if not done:
                 self.loop.cancel(seq.seq_id)
+
+    def _stream_interval(self) -> float:
+        """Seconds between a stream's messages: stream_interval_ms, longer when the replica's streams together
+        would send more than stream_messages_per_s."""
+        return max(self.spec.stream_interval_ms / 1e3, self.streams / self.spec.stream_messages_per_s)
 
     def _handoff(self) -> Handoff:
         """The engine thread -> event loop hand-off, one per loop (one wake-up per step for all requests)."""

@@ -74,3 +74,18 @@ def test_one_engine_step_wakes_the_loop_once_for_all_requests():
         assert all(len(g) == 1 for g in got) and len(wakeups) == 1
 
     asyncio.run(main())
+
+
+def test_many_streams_share_a_message_budget():
+    """Each stream sends at most one message per stream_interval_ms; when the replica's streams together
+    would exceed stream_messages_per_s, every stream's interval grows to share that budget."""
+    from serve_app.config import ModelSpec
+    from serve_app.model_server import ModelServer
+
+    server = ModelServer.__new__(ModelServer)  # no engine needed for the policy
+    server.spec = ModelSpec(name="m", path="/nowhere", stream_interval_ms=40, stream_messages_per_s=100)
+    intervals = {}
+    for n in (1, 4, 8, 32):
+        server.streams = n
+        intervals[n] = server._stream_interval()
+    assert intervals == {1: 0.04, 4: 0.04, 8: 0.08, 32: 0.32}
