@@ -260,3 +260,15 @@ def test_smoke_without_the_sdk_says_what_to_install(capsys):
     assert compile_main(["smoke"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and "neuronx-distributed 0.19.28492" in err
+
+
+@pytest.mark.slow
+def test_smoke_tiny_step_covers_both_decode_graphs():
+    """The inf2 smoke test's tiny step, against the Neuron double: tokens and logits of `decode_logits`
+    against the CPU backend, and the tokens through the top-K `decode` graph equal to them."""
+    from compile.smoke import _tiny
+
+    with neuron_double.installed() as calls:
+        ok, detail = _tiny("gemma4-e2b-tiny", 1)
+    assert ok, detail
+    assert {"decode", "decode_logits"} <= {c[1] for c in calls if c[0] == "forward"}
