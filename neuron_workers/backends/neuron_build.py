@@ -44,6 +44,7 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         if tp > 1:
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
         model = graph_model(loaded.hf_lm, dims, max_context, batch, dtype, kv_heads)
+        model.use_topk(neuron_topk)
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
@@ -62,6 +63,15 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         kept = {k: v.contiguous().clone() for k, v in w.items() if k in traced}  # tied duplicates drop out
         save_file(kept, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
     return flags
+
+
+def neuron_topk(logits: torch.Tensor, k: int):
+    """The K best logits of each row with the SDK's TopK op, as NxD's `operators.topk` does on trn1/inf2
+    (no NKI top-k kernel there): torch.topk would lower to a sort of the whole vocabulary. The logits are
+    already all-gathered under TP (the tied head gathers them), so one op over the full row."""
+    from torch_neuronx.xla_impl.ops import TopK
+
+    return TopK.apply(logits, k, dim=-1)
 
 
 def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan, rank: int) -> dict:

@@ -44,6 +44,11 @@ class NeuronGraphModel(nn.Module):
             self.register_buffer(name, torch.zeros(t.shape, dtype=dtype))
             self.kv_names.append(name)
 
+    def use_topk(self, fn) -> None:
+        """The top-K op the `decode` graph ends with (`graphs.torch_topk` unless the tracer gives another)."""
+        for graph in self.graphs.values():
+            graph.topk_fn = fn
+
     def step(self, host: list[torch.Tensor], prefill: bool):
         graph = self.graphs[PREFILL if prefill else (DECODE, self.candidates) if self.candidates else DECODE]
         out = graph(*host, *(getattr(self, n) for n in self.kv_names))

@@ -76,6 +76,11 @@ class DecodeKV:
         return self.kv[j], self.kv[j + 1]
 
 
+def torch_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K best of each row, best first (the order of equal values is left to the op: the host settles it)."""
+    return torch.topk(logits, k, dim=-1)
+
+
 def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
     """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes)."""
     shape = list(x.shape)
@@ -95,6 +100,7 @@ class GemmaGraph(nn.Module):
         self.names = tuple(t.name for t in spec.inputs)
         self.num_fixed = len(self.names) - spec.num_kv
         self.layer_types = sorted(set(dims.layer_types))
+        self.topk_fn = torch_topk  # (logits, k) -> (values, ids); the Neuron build swaps in the SDK's TopK op
 
     def forward(self, *inputs: torch.Tensor):
         x = dict(zip(self.names[: self.num_fixed], inputs[: self.num_fixed]))
@@ -113,7 +119,7 @@ class GemmaGraph(nn.Module):
         k = self.spec.candidates
         if not k:
             return (logits,)
-        values, ids = torch.topk(logits, k, dim=-1)
+        values, ids = self.topk_fn(logits, k)
         return values, ids.to(self.spec.outputs[1].dtype)
 
     def _decoder(self, x: dict, cache) -> torch.Tensor:

@@ -144,6 +144,16 @@ def _identity(x):
     return x
 
 
+class TopK:
+    """torch_neuronx.xla_impl.ops.TopK as NxD calls it (`TopK.apply(tensor, k, dim=dim)` -> values, indices).
+    Equal values come back in reverse id order, so the host's own tie rule is what the tests see."""
+
+    @staticmethod
+    def apply(tensor, k, dim=-1):
+        values, idx = torch.topk(tensor.flip(dim), k, dim=dim)
+        return values, tensor.shape[dim] - 1 - idx
+
+
 @contextmanager
 def installed():
     """The fake SDK in sys.modules for the duration; CALLS cleared on entry."""
@@ -158,8 +168,12 @@ def installed():
     mappings = types.ModuleType("neuronx_distributed.parallel_layers.mappings")
     mappings.reduce_from_tensor_model_parallel_region = _identity
     mappings.gather_from_tensor_model_parallel_region = _identity
+    xla_impl = types.ModuleType("torch_neuronx.xla_impl")
+    ops = types.ModuleType("torch_neuronx.xla_impl.ops")
+    ops.TopK = TopK
     mods = {"torch_neuronx": tnx, "neuronx_distributed": nxd, "neuronx_distributed.parallel_layers": pl,
-            "neuronx_distributed.parallel_layers.mappings": mappings}
+            "neuronx_distributed.parallel_layers.mappings": mappings, "torch_neuronx.xla_impl": xla_impl,
+            "torch_neuronx.xla_impl.ops": ops}
     saved = {k: sys.modules.get(k) for k in mods}
     sys.modules.update(mods)
     try:
