@@ -1,8 +1,8 @@
 """`compile build`: one pipeline for every backend. Load the checkpoint, expand the prefill buckets and
-the decode step (with logits, and the top-K candidates variant) into graphs, hand them to the backend's
-builder with per-graph progress, and write the
-manifest that serving checks. The cpu backend writes strict torch.export programs (.pt2), so the whole
-pipeline (build -> manifest -> load -> generate) runs and is tested without Neuron hardware."""
+the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, hand them to
+the backend's builder with per-graph progress, and write the manifest that serving checks. The cpu backend
+writes strict torch.export programs (.pt2), so the whole pipeline (build -> manifest -> load -> generate)
+runs and is tested without Neuron hardware."""
 
 from __future__ import annotations
 
