@@ -1,7 +1,8 @@
 """`compile build`: one pipeline for every backend. Load the checkpoint, expand the prefill buckets and
-the decode step into graphs, hand them to the backend's builder with per-graph progress, and write the
-manifest that serving checks. The cpu backend writes strict torch.export programs (.pt2), so the whole
-pipeline (build -> manifest -> load -> generate) runs and is tested without Neuron hardware."""
+the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, hand them to
+the backend's builder with per-graph progress, and write the manifest that serving checks. The cpu backend
+writes strict torch.export programs (.pt2), so the whole pipeline (build -> manifest -> load -> generate)
+runs and is tested without Neuron hardware."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from neuron_workers.config import EngineConfig, resolve_context
 from neuron_workers.errors import UserError
 from neuron_workers.factory import resolve_buckets
 from neuron_workers.model.loader import DTYPES, load_model
-from neuron_workers.model.spec import DECODE, PREFILL, make_spec
+from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
 
 
 def build(cfg: EngineConfig, progress=print, jobs: int = 1) -> Manifest:
@@ -63,6 +64,8 @@ def _build_cpu(loaded, tp, batch, ctx, buckets, out: Path, progress) -> dict[str
                         "directly: python -m neuron_workers.generate --tp 2)")
     specs = [make_spec(loaded.dims, PREFILL, batch, b, ctx, loaded.dtype) for b in buckets]
     specs.append(make_spec(loaded.dims, DECODE, batch, 1, ctx, loaded.dtype))
+    specs.append(make_spec(loaded.dims, DECODE, batch, 1, ctx, loaded.dtype,
+                           candidates=decode_candidates(loaded.dims)))
     graphs = {}
     for i, spec in enumerate(specs, 1):
         t = time.perf_counter()

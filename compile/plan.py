@@ -6,7 +6,11 @@ Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
 - KV cache: full layers hold max_context slots, sliding layers a ring of the window, KV-shared layers none;
 - activations / scratch (an estimate): a fixed runtime reserve plus the larger of the largest prefill
   bucket's transients (one prompt: fp32 attention scores of one layer, MLP intermediates, hidden states)
-  and the decode step's (`batch` rows, attention over the whole context), plus `batch` rows of logits.
+  and the decode step's (`batch` rows, attention over the whole context), plus `batch` rows of fp32 logits
+  (both decode graphs compute them on the device: `decode` keeps only each row's top-K of them, the
+  `decode_logits` variant returns them);
+- device -> host per decode step: `decode` returns K candidates a row (bf16 values + int32 ids),
+  `decode_logits` (only for steps where a row needs the whole distribution) `batch x vocab` bf16 logits.
 Host: the PLE table (memory-mapped, shared by all replicas of a model) against the instance's RAM.
 """
 
@@ -17,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from neuron_workers.errors import UserError
-from neuron_workers.model.dims import FULL, SLIDING, ModelDims
+from neuron_workers.model.dims import FULL, SLIDING, ModelDims, decode_candidates
 from neuron_workers.parallel.shard_plan import ShardPlan, intermediate_sizes, make_plan
 
 GIB = 1024**3
@@ -43,6 +47,8 @@ class Plan:
     fits: bool
     reasons: list[str]
     largest_context: int | None
+    decode_out_candidates: int = 0  # bytes device -> host per decode step, `decode` (top-K candidates)
+    decode_out_logits: int = 0  # the same for `decode_logits` (full logits)
 
     @property
     def total_per_core(self) -> int:
@@ -136,8 +142,15 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
         reasons.append(f"tp={tp} needs {tp} NeuronCores, {instance} has {cores}")
     if ple > ram_gib * GIB * 0.8:
         reasons.append(f"the PLE table ({ple / GIB:.1f} GiB) exceeds 80% of {instance}'s {ram_gib} GiB RAM")
+    out_top, out_logits = decode_output_bytes(dims, batch)
     return Plan(cfg.model_type, tp, batch, ctx, instance, w, kv, act, HBM_PER_CORE, ple, ram_gib * GIB,
-                not reasons, reasons, _largest(fit, dims.max_position_embeddings))
+                not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits)
+
+
+def decode_output_bytes(dims: ModelDims, batch: int) -> tuple[int, int]:
+    """Bytes one decode step returns to the host: (`decode`: K bf16 values + K int32 ids a row,
+    `decode_logits`: the bf16 logits)."""
+    return batch * decode_candidates(dims) * (BF16 + 4), batch * dims.vocab_size * BF16
 
 
 def _largest(fit, limit: int, step: int = 128) -> int | None:
@@ -157,6 +170,8 @@ def format_plan(p: Plan) -> str:
              f"  per NeuronCore: weights {g(p.weights_per_core)} + KV cache {g(p.kv_per_core)} + "
              f"activations/scratch (est.) {g(p.activations_per_core)} = {g(p.total_per_core)} of {g(p.hbm_per_core)}",
              f"  host: PLE table {g(p.ple_host)} (memory-mapped, shared by replicas) of {g(p.host_ram)} RAM",
+             f"  device -> host per decode step: {p.decode_out_candidates / 1024:.1f} KiB (top-K candidates; "
+             f"{p.decode_out_logits / 2**20:.1f} MiB when a row needs the full logits)",
              f"  largest max_context that fits: {p.largest_context if p.largest_context else 'none'}"]
     lines.append("  fits" if p.fits else "  DOES NOT FIT: " + "; ".join(p.reasons))
     return "\n".join(lines)

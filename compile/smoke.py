@@ -6,7 +6,8 @@ Steps, each in its own process (the Neuron runtime binds the cores it sees once 
            a non-persistent buffer used in the forward, a tied weight and an int32 gather; three calls
            alternating the graphs, each checked against the same module on the CPU
   tp1      a tiny E2B-like checkpoint built at context 64 (batch 2) on core 0; two prompts of 20 tokens
-           (past the sliding window of 8) decoded together, tokens and logits against the CPU backend (bf16)
+           (past the sliding window of 8) decoded together, tokens and logits (`decode_logits`) against the
+           CPU backend (bf16), and the tokens through the top-K `decode` graph equal to those
   tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1
 One table, PASS/FAIL per step; exit 1 if any step failed. Without the SDK: one line saying what to
 install, exit 2.
@@ -143,7 +144,6 @@ def _tiny(name: str, tp: int) -> tuple[bool, str]:
     from compile.build import build
     from neuron_workers.backends.recorder import LogitsRecorder
     from neuron_workers.config import EngineConfig
-    from neuron_workers.engine.params import SamplingParams
     from neuron_workers.factory import build_engine
     from neuron_workers.testing.tiny import write_tiny
 
@@ -158,16 +158,26 @@ def _tiny(name: str, tp: int) -> tuple[bool, str]:
                            "cpu": EngineConfig(model=str(ckpt), tp=tp, max_context=64, prefill_buckets=(16, 32),
                                                max_batch=2, dtype="bfloat16")}.items():
             engine = build_engine(cfg)
+            top = _tokens(engine, prompts)  # the `decode` graph: greedy rows read its top-K candidates
+            has_top = engine.backend.candidates > 0
             rec = LogitsRecorder(engine.backend)
-            engine.backend = rec
-            seqs = [engine.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
-            out = {s.seq_id: [] for s in seqs}
-            for ev in engine.run_all(seqs):
-                out[ev.seq_id].append(ev.token_id)
-            runs[label] = ([out[s.seq_id] for s in seqs], [logits for _, logits in rec.calls])
+            engine.backend = rec  # the recorder asks for `decode_logits` (full logits) every step
+            runs[label] = (_tokens(engine, prompts), [logits for _, logits in rec.calls], top, has_top)
             engine.close()
-    (dev, dev_logits), (cpu, cpu_logits) = runs["neuron"], runs["cpu"]
+    (dev, dev_logits, dev_top, has_top), (cpu, cpu_logits, cpu_top, _) = runs["neuron"], runs["cpu"]
     worst = max((a.float() - b.float()).abs().max().item() for a, b in zip(dev_logits, cpu_logits))
     same = sum(a == b for d, c in zip(dev, cpu) for a, b in zip(d, c))
-    return dev == cpu and worst < LOGIT_TOL, (f"tp={tp}: {same}/48 tokens equal to the cpu backend, max |logit diff| "
-                                              f"{worst:.3f} (tolerance {LOGIT_TOL})")
+    ok = dev == cpu and worst < LOGIT_TOL and has_top and dev_top == dev and cpu_top == cpu
+    top = ("tokens equal" if dev_top == dev and cpu_top == cpu else "tokens DIFFER") if has_top else "MISSING"
+    return ok, (f"tp={tp}: {same}/48 tokens equal to the cpu backend, max |logit diff| {worst:.3f} (tolerance "
+                f"{LOGIT_TOL}); top-K decode graph: {top}")
+
+
+def _tokens(engine, prompts) -> list[list[int]]:
+    from neuron_workers.engine.params import SamplingParams
+
+    seqs = [engine.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
+    out = {s.seq_id: [] for s in seqs}
+    for ev in engine.run_all(seqs):
+        out[ev.seq_id].append(ev.token_id)
+    return [out[s.seq_id] for s in seqs]

@@ -39,6 +39,9 @@ class ModelSpec(EngineFields):
     path: str = Field(description="Hugging Face checkpoint directory (config, weights, tokenizer)")
     stream_interval_ms: float = Field(40.0, ge=0, description="A stream sends at most one message per interval, "
                                       "with every token generated since the last (0: one message per token)")
+    stream_messages_per_s: float = Field(100.0, gt=0, description="Messages a replica's streams send per second "
+                                         "together, at most: with many streams each one's interval grows past "
+                                         "stream_interval_ms (a message costs CPU in the replica, router and proxy)")
     engine: str = Field("serve_app.engines:build_worker_engine",
                         description="Import path of the engine factory: spec -> engine (default: the real one)")
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")

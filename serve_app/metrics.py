@@ -62,12 +62,16 @@ class RequestTimer:
     def prompt(self, tokens: int) -> None:
         self.m.prompt_tokens.inc(tokens)
 
-    def token(self, at: float, admitted_at: float | None) -> None:
-        """A token emitted by the engine at `at`; the first one also records the time spent waiting."""
-        if self.last is None:
-            self.m.ttft.observe((at - self.arrived) * 1e3)
-            self.m.queue.observe(((admitted_at or at) - self.arrived) * 1e3)
-        else:
-            self.m.itl.observe((at - self.last) * 1e3)
-        self.last = at
-        self.m.generation_tokens.inc()
+    def tokens(self, ats: list[float], admitted_at: float | None) -> None:
+        """Tokens emitted by the engine at `ats` (one delivery); the first of a request also records the time
+        spent waiting. One counter update per delivery: each Ray metric call holds the GIL the engine
+        thread needs."""
+        for at in ats:
+            if self.last is None:
+                self.m.ttft.observe((at - self.arrived) * 1e3)
+                self.m.queue.observe(((admitted_at or at) - self.arrived) * 1e3)
+            else:
+                self.m.itl.observe((at - self.last) * 1e3)
+            self.last = at
+        if ats:
+            self.m.generation_tokens.inc(len(ats))

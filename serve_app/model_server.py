@@ -6,7 +6,7 @@ runs the host side itself: tokenization (on a worker thread, off the event loop 
 thread), and the engine's continuous-batching loop on its one engine thread (`EngineLoop`).
 
 `generate` is an async generator of `serve_app.events` values. Each request becomes a sequence in the
-engine's scheduler; its events come back through an asyncio queue. A stream yields coalesced `Delta`s
+engine's scheduler; its events come back through a `handoff.Inbox`. A stream yields coalesced `Delta`s
 (every token that arrived since the last yield, at most one message per `stream_interval_ms`: each
 message costs more than a token on 2 busy cores), a non-stream only `Started` and `Finished`. A client
 that disconnects cancels the request: its sequence leaves the batch (or the waiting queue) at the next
@@ -29,6 +29,7 @@ from neuron_workers.errors import ContextLengthError, UserError
 from serve_app import prepare
 from serve_app.config import ModelSpec
 from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
+from serve_app.handoff import Handoff, Inbox
 from serve_app.metrics import ServerMetrics
 from serve_app.nodes import build_engine_here
 
@@ -66,6 +67,7 @@ class ModelServer:
 
         self.engine: ServingEngine = build_engine_here(self.spec, import_attr(self.spec.engine))
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
+        self.streams = 0  # streaming requests in flight (they share stream_messages_per_s)
         self.metrics = ServerMetrics(self.spec.name)
         self.loop = EngineLoop(self.engine, name=f"engine-{self.spec.name}", on_step=self.metrics.step)
         log.info("model %s ready (backend %s, tp %d, cores %s, context %d, max_batch %d)", self.spec.name,
@@ -130,31 +132,27 @@ class ModelServer:
             self.metrics.finish(outcome)
 
     async def _run(self, seq, stream: bool, timer):
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        inbox = Inbox(self._handoff())
         timer.prompt(len(seq.prompt_ids))
-        self.loop.submit(seq, lambda ev: loop.call_soon_threadsafe(events.put_nowait, (time.perf_counter(), ev)))
+        self.loop.submit(seq, lambda ev: inbox.push(time.perf_counter(), ev))
         yield Started(len(seq.prompt_ids))
         text, ids, lps, n, sent, done = [], [], [], 0, 0.0, False
-        interval = self.spec.stream_interval_ms / 1e3
+        self.streams += stream
         try:
             while True:
-                batch = [await events.get()]
-                wait = sent + interval - time.perf_counter()
-                if stream and wait > 0 and not batch[0][1].final:  # coalesce: one message per interval
-                    await asyncio.sleep(wait)
-                while not events.empty():
-                    batch.append(events.get_nowait())
-                for at, ev in batch:
+                # a stream wakes at most once per interval, a non-streaming request only for its last event
+                batch = await inbox.take(sent + self._stream_interval() if stream else None)
+                for _, ev in batch:
                     if isinstance(ev, ErrorEvent):
                         done = True
                         yield Failed(500, f"generation failed: {ev.message}", "internal_error", type="server_error")
                         return
-                    timer.token(at, seq.admitted_at)
                     n += 1
                     text.append(ev.text)
                     ids.append(ev.token_id)
                     if ev.logprob is not None:
                         lps.append(prepare.logprob_entry(self.engine.tokenizer, ev))
+                timer.tokens([at for at, _ in batch], seq.admitted_at)
                 final = batch[-1][1]
                 if stream and (ids or final.final):
                     yield Delta("".join(text), tuple(ids), tuple(lps))
@@ -165,8 +163,21 @@ class ModelServer:
                                    () if stream else tuple(lps))
                     return
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
+            self.streams -= stream
             if not done:
                 self.loop.cancel(seq.seq_id)
+
+    def _stream_interval(self) -> float:
+        """Seconds between a stream's messages: stream_interval_ms, longer when the replica's streams together
+        would send more than stream_messages_per_s."""
+        return max(self.spec.stream_interval_ms / 1e3, self.streams / self.spec.stream_messages_per_s)
+
+    def _handoff(self) -> Handoff:
+        """The engine thread -> event loop hand-off, one per loop (one wake-up per step for all requests)."""
+        loop = asyncio.get_running_loop()
+        if getattr(self, "_handoff_", None) is None or self._handoff_.loop is not loop:
+            self._handoff_ = Handoff(loop)
+        return self._handoff_
 
     def __del__(self):
         loop = getattr(self, "loop", None)

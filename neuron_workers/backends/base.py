@@ -3,7 +3,10 @@
 A backend owns the KV buffers ([max_batch, ...] per KV layer) between calls. Call order:
 `prefill(bucket, inputs)` writes one prompt into the slot its inputs name, then `decode(inputs)` advances
 every slot by one token, repeatedly; prefills may come between decodes. `inputs` are the spec's host
-inputs (`GraphSpec.host_inputs`), in order. Subclasses implement `_run(spec, inputs)` only.
+inputs (`GraphSpec.host_inputs`), in order. `decode_candidates(inputs)` is the same step through the
+top-K variant of the decode graph (`candidates` K; 0: the backend has none), which returns each row's K
+best logits and ids instead of the whole vocabulary. Subclasses implement `_run(spec, inputs)` only: it
+returns the outputs before the KV buffers (the logits, or candidate values and ids).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Protocol
 import torch
 
 from neuron_workers.model.dims import ModelDims
-from neuron_workers.model.spec import DECODE, PREFILL, GraphSpec, make_spec
+from neuron_workers.model.spec import DECODE, PREFILL, Candidates, GraphSpec, decode_candidates, make_spec
 
 
 class Backend(Protocol):
@@ -22,6 +25,7 @@ class Backend(Protocol):
     max_context: int
     max_batch: int
     buckets: tuple[int, ...]
+    candidates: int  # K of decode_candidates (0: none; the engine then always decodes logits)
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec: ...
 
@@ -31,6 +35,10 @@ class Backend(Protocol):
 
     def decode(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Run one decode step for all slots; returns logits [max_batch, vocab] (raw, no soft-cap)."""
+        ...
+
+    def decode_candidates(self, inputs: tuple[torch.Tensor, ...]) -> Candidates:
+        """The same step; returns each slot's `candidates` best raw logits and their ids, best first."""
         ...
 
     def close(self) -> None: ...
@@ -46,13 +54,14 @@ class GraphBackend:
                  kv_heads: tuple[int, ...] | None = None):
         self.dims, self.dtype, self.kv_heads = dims, dtype, kv_heads  # kv_heads: a TP rank's (None: unsharded)
         self.max_context, self.buckets, self.max_batch = max_context, tuple(sorted(buckets)), max_batch
-        self._specs: dict[tuple[str, int], GraphSpec] = {}
+        self._specs: dict[tuple[str, int, int], GraphSpec] = {}
+        self.candidates = decode_candidates(dims)
 
-    def spec(self, phase: str, bucket: int = 1) -> GraphSpec:
-        key = (phase, bucket if phase == PREFILL else 1)
+    def spec(self, phase: str, bucket: int = 1, candidates: int = 0) -> GraphSpec:
+        key = (phase, bucket if phase == PREFILL else 1, candidates)
         if key not in self._specs:
             self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
-                                         self.id_dtype, self.kv_heads)
+                                         self.id_dtype, self.kv_heads, candidates)
         return self._specs[key]
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
@@ -61,7 +70,12 @@ class GraphBackend:
     def decode(self, inputs) -> torch.Tensor:
         return self._run(self.spec(DECODE), inputs)
 
-    def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
+    def decode_candidates(self, inputs) -> Candidates:
+        if not self.candidates:
+            raise RuntimeError("this backend has no top-K decode graph: use decode")
+        return Candidates(*self._run(self.spec(DECODE, 1, self.candidates), inputs))
+
+    def _run(self, spec: GraphSpec, inputs):
         raise NotImplementedError
 
     def close(self) -> None:

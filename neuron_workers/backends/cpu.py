@@ -41,10 +41,11 @@ class CpuBackend(GraphBackend):
         return fn
 
     @torch.inference_mode()
-    def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
+    def _run(self, spec: GraphSpec, inputs):
         out = self.graph(spec)(*inputs, *self.kv)
-        self.kv = list(out[1:])
-        return out[0]
+        n = spec.num_heads
+        self.kv = list(out[n:])
+        return out[0] if n == 1 else tuple(out[:n])
 
     def close(self) -> None:
         self._graphs.clear()

@@ -2,7 +2,8 @@
 
 Each rank loads the checkpoint, shards it with `parallel.layers.apply_tp` and keeps its own KV buffers
 (as each NeuronCore would). The driver (the engine's process) sends every rank the same host-built
-inputs and reads the logits back from rank 0 (every rank holds the same all-gathered logits).
+inputs and reads the logits (or the top-K candidates) back from rank 0 (every rank holds the same
+all-gathered logits, so every rank computes the same candidates).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from neuron_workers.backends.base import GraphBackend
-from neuron_workers.model.spec import PREFILL, GraphSpec
+from neuron_workers.model.spec import GraphSpec
 
 REPLY_TIMEOUT_S = float(os.environ.get("GEMMA4_TP_TIMEOUT_S", "600"))
 
@@ -43,9 +44,11 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
             cmd = cmds.get()
             if cmd[0] == "close":
                 break
-            logits = backend.prefill(cmd[1], cmd[2]) if cmd[0] == PREFILL else backend.decode(cmd[2])
+            phase, seq_len, candidates, inputs = cmd
+            out = backend._run(backend.spec(phase, seq_len, candidates), inputs)
             if rank == 0:
-                replies.put(("logits", rank, logits.clone()))
+                replies.put(("logits", rank, out.clone() if isinstance(out, torch.Tensor)
+                             else tuple(t.clone() for t in out)))
         dist.destroy_process_group()
     except Exception:  # reported to the driver, which raises it
         replies.put(("error", rank, traceback.format_exc()))
@@ -88,9 +91,9 @@ class TpCpuBackend(GraphBackend):
             got[rank] = payload
         return got
 
-    def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
+    def _run(self, spec: GraphSpec, inputs):
         for q in self.cmds:
-            q.put((spec.phase, spec.seq_len, tuple(t.clone() for t in inputs)))
+            q.put((spec.phase, spec.seq_len, spec.candidates, tuple(t.clone() for t in inputs)))
         return self._collect("logits", 1)[0]
 
     def close(self) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE
@@ -63,16 +61,22 @@ class NeuronBackend(GraphBackend):
         self.model.set_weights([load_file(str(art_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
                                 for r in range(manifest.tp)])
         self.model.to_neuron()
+        top = self.spec(DECODE, 1, self.candidates)
+        if top.tag not in manifest.graphs:  # artifacts built before the top-K decode graph: logits only
+            self.candidates = 0
         self._warm_up()
 
-    def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
+    def _run(self, spec: GraphSpec, inputs):
         out = self.model.forward(*inputs, model_name=spec.tag)
-        return out[0] if isinstance(out, (tuple, list)) else out
+        if not isinstance(out, (tuple, list)):
+            return out
+        return out[0] if spec.num_heads == 1 else tuple(out[: spec.num_heads])
 
     def _warm_up(self) -> None:
         """Run every graph once (the first call of each is slow); KV rows written here are replaced by the
         first prefill into them, and masks hide everything a row has not written."""
-        for spec in [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]:
+        specs = [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]
+        for spec in specs + ([self.spec(DECODE, 1, self.candidates)] if self.candidates else []):
             self._run(spec, tuple(t.zeros() for t in spec.host_inputs))
 
     def close(self) -> None:

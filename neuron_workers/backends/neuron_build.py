@@ -17,7 +17,7 @@ import torch
 from neuron_workers.backends.neuron import MODEL_FILE, PHASE_FLAGS, WEIGHTS_DIR, require_neuron
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE, NeuronGraphModel, graph_model, make_buffers_persistent
-from neuron_workers.model.spec import DECODE, PREFILL, make_spec
+from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
 from neuron_workers.parallel.collectives import NxdCollectives
 
 INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
@@ -39,13 +39,16 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
     kv_heads = plan.kv_heads if tp > 1 else None
     specs = [make_spec(dims, PREFILL, batch, b, max_context, dtype, ID_DTYPE, kv_heads) for b in buckets]
     specs.append(make_spec(dims, DECODE, batch, 1, max_context, dtype, ID_DTYPE, kv_heads))
+    specs.append(make_spec(dims, DECODE, batch, 1, max_context, dtype, ID_DTYPE, kv_heads, decode_candidates(dims)))
     with nxd.NxDParallelState(world_size=tp, rank=0, tensor_model_parallel_size=tp, lnc_size=1):
         if tp > 1:
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
         model = graph_model(loaded.hf_lm, dims, max_context, batch, dtype, kv_heads)
+        model.use_topk(neuron_topk)
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
+            model.candidates = spec.candidates  # decode and decode_logits share inputs: the variant is set here
             builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag=spec.tag)
         weights = [rank_state_dict(model, full, plan, r) for r in range(tp)]
         traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
@@ -60,6 +63,15 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         kept = {k: v.contiguous().clone() for k, v in w.items() if k in traced}  # tied duplicates drop out
         save_file(kept, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
     return flags
+
+
+def neuron_topk(logits: torch.Tensor, k: int):
+    """The K best logits of each row with the SDK's TopK op, as NxD's `operators.topk` does on trn1/inf2
+    (no NKI top-k kernel there): torch.topk would lower to a sort of the whole vocabulary. The logits are
+    already all-gathered under TP (the tied head gathers them), so one op over the full row."""
+    from torch_neuronx.xla_impl.ops import TopK
+
+    return TopK.apply(logits, k, dim=-1)
 
 
 def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan, rank: int) -> dict:

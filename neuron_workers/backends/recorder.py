@@ -5,6 +5,8 @@ from __future__ import annotations
 
 
 class LogitsRecorder:
+    candidates = 0  # the engine decodes full logits through it (nothing to compare in top-K candidates)
+
     def __init__(self, backend):
         self.inner, self.calls = backend, []
 

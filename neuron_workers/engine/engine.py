@@ -21,7 +21,7 @@ from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
 from neuron_workers.engine.grammar import Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
-from neuron_workers.engine.sampling import Row, Sampled, make_generator, sample_rows
+from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_logits, sample_rows
 from neuron_workers.engine.scheduler import Scheduler
 from neuron_workers.engine.sequence import Sequence
 from neuron_workers.engine.stops import StopStrings
@@ -148,18 +148,27 @@ class Engine:
 
     def _decode(self, running: list[Sequence]) -> list[EngineEvent]:
         try:
-            logits = self.backend.decode(self.batch.inputs(
-                [(s.slot, s.output_ids[-1], s.next_position) for s in running]))
-            picks = self._sample(logits, [(s.slot, s) for s in running])
+            inputs = self.batch.inputs([(s.slot, s.output_ids[-1], s.next_position) for s in running])
+            rows = self._rows([(s.slot, s) for s in running])
+            k = getattr(self.backend, "candidates", 0)  # the top-K decode graph, when no row needs the logits
+            if k and not any(needs_logits(r, k) for r in rows if isinstance(r, Row)):
+                scores = self.backend.decode_candidates(inputs)
+            else:
+                scores = self.backend.decode(inputs)
+            picks = self._pick(scores, rows)
         except Exception as e:  # the backend failed: every running sequence ends, the engine goes on
             log.exception("decode step failed")
             return [self._fail(s, e) for s in running]
         return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in zip(running, picks)]
 
     def _sample(self, logits, rows: list[tuple[int, Sequence]]) -> list[Sampled]:
-        """Each row's token; a constrained row's mask is filled just before (a grammar that fails gives
-        that row alone an error)."""
-        out = []
+        return self._pick(logits, self._rows(rows))
+
+    def _rows(self, rows: list[tuple[int, Sequence]]) -> list[Row | Sampled]:
+        """What each row asks of the sampler (which also decides whether the step needs full logits). A
+        constrained row's mask is filled here, just before sampling; a grammar that fails gives that row
+        alone an error (a `Sampled` with `error`) in place of its `Row`."""
+        out: list[Row | Sampled] = []
         for i, (r, s) in enumerate(rows):
             allowed = None
             if s.grammar is not None:
@@ -170,9 +179,12 @@ class Engine:
                     continue
                 allowed = self._bitmask[i]
             out.append(Row(r, s.params, s.generator, allowed, s.logprobs))
-        good = [x for x in out if isinstance(x, Row)]
-        picks = iter(sample_rows(logits, good, self.dims.final_logit_softcapping) if good else [])
-        return [next(picks) if isinstance(x, Row) else x for x in out]
+        return out
+
+    def _pick(self, scores, rows: list[Row | Sampled]) -> list[Sampled]:
+        good = [x for x in rows if isinstance(x, Row)]
+        picks = iter(sample_rows(scores, good, self.dims.final_logit_softcapping) if good else [])
+        return [next(picks) if isinstance(x, Row) else x for x in rows]
 
     def _emit(self, seq: Sequence, pick: Sampled) -> TokenEvent:
         if pick.error:

@@ -7,7 +7,11 @@ generator (one per sequence, so a request samples the same tokens whatever share
 
 `sample_rows` vectorises the common cases over the batch: all greedy rows in one argmax, sampled rows
 with the same top-k in one top-k / softmax / top-p / draw; rows without top-k go one by one. Each row's
-result depends only on its own logits, parameters and generator.
+result depends only on its own logits, parameters and generator. A step's scores come either as full
+logits [B, vocab] or, from the `decode` graph (top-K variant), as each row's K best (`spec.Candidates`); greedy
+and top-k rows read them through `topk.Chunked` / `topk.TopCandidates`, which never copy the vocabulary
+to fp32 and give the same answers (the soft-cap and fp32 math run on the k candidates only). Rows that
+need the whole distribution (no top-k, logprobs, a grammar mask: `needs_logits`) pay for it alone.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from typing import NamedTuple
 import torch
 
 from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.topk import NUM_CHUNKS, Chunked, TopCandidates, serves
+from neuron_workers.model.spec import Candidates
+
+__all__ = ["Chunked", "NUM_CHUNKS", "Row", "Sampled", "make_generator", "needs_logits", "sample", "sample_rows",
+           "soft_cap"]
 
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -29,39 +38,6 @@ def make_generator(seed: int | None) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     return g
-
-
-NUM_CHUNKS = 1024  # 262,144-wide logits as 1024 chunks of 256: chunk maxima first, then inside the best
-
-
-class Chunked:
-    """Logits [B, vocab] in fp32 (an exact copy of bf16) viewed as B x 1024 chunks, with every chunk's
-    maximum computed once per step and shared by the greedy and the top-k rows."""
-
-    def __init__(self, logits: torch.Tensor):
-        self.z = logits.float()
-        b, vocab = self.z.shape
-        self.ok = vocab % NUM_CHUNKS == 0
-        if self.ok:
-            self.rows = self.z.view(b, NUM_CHUNKS, -1)
-            self.maxima = self.rows.amax(dim=2)  # [B, 1024]
-
-    def argmax(self, idx: torch.Tensor) -> torch.Tensor:
-        """torch.argmax(z[idx], dim=1), first index on ties: the winning chunk, then argmax inside it."""
-        if not self.ok:
-            return self.z.index_select(0, idx).argmax(dim=1)
-        r = self.maxima.index_select(0, idx).argmax(dim=1)
-        return r * self.rows.shape[2] + self.rows[idx, r].argmax(dim=1)
-
-    def topk(self, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """torch.topk(z[idx], k, dim=1): a row's top k lie in its k chunks with the largest maxima."""
-        if not self.ok or k > NUM_CHUNKS:
-            return self.z.index_select(0, idx).topk(k, dim=1)
-        width = self.rows.shape[2]
-        best = self.maxima.index_select(0, idx).topk(k, dim=1).indices  # [n, k] chunk ids
-        cand = self.rows[idx[:, None], best].reshape(len(idx), k * width)
-        vals, i = cand.topk(k, dim=1)
-        return vals, best.gather(1, i // width) * width + i % width
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None,
@@ -87,7 +63,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None,
     return int(idx[choice]) if idx is not None else choice
 
 
-def sample_top_k_rows(chunked: Chunked, idx: torch.Tensor, k: int, temperature: torch.Tensor,
+def sample_top_k_rows(chunked: Chunked | TopCandidates, idx: torch.Tensor, k: int, temperature: torch.Tensor,
                       top_p: torch.Tensor, generators: list, cap: float | None) -> torch.Tensor:
     """One token for each row `idx` of the logits, all with the same top-k, each with its own
     temperature, top-p and generator."""
@@ -119,40 +95,56 @@ class Sampled:
     error: str | None = None  # this row alone could not be sampled (e.g. its grammar allows no token)
 
 
-def sample_rows(logits: torch.Tensor, rows: list[Row], cap: float | None) -> list[Sampled]:
-    """A token for each row from logits [B, vocab]; returned in the order of `rows`. Rows with a grammar
-    mask or logprobs take the full-distribution path (`distribution.sample_full_row`) and pay for it alone;
-    the others are vectorised below, and a row's result never depends on the other rows."""
+def needs_logits(row: Row, k_compiled: int) -> bool:
+    """Whether this row needs the step's full logits, not just the top `k_compiled` candidates."""
+    return row.allowed is not None or row.logprobs is not None or not serves(k_compiled, row.params)
+
+
+def sample_rows(scores: torch.Tensor | Candidates, rows: list[Row], cap: float | None) -> list[Sampled]:
+    """A token for each row from logits [B, vocab] or a step's top-K `Candidates`; returned in the order of
+    `rows`. Rows with a grammar mask or logprobs take the full-distribution path
+    (`distribution.sample_full_row`) and pay for it alone; the others are vectorised below, and a row's
+    result never depends on the other rows. With candidates, every row must be served by them
+    (`needs_logits` false): one that is not gets an error."""
     from neuron_workers.engine.distribution import sample_full_row
 
-    full = {r.slot for r in rows if r.allowed is not None or r.logprobs is not None}
-    plain = [r for r in rows if r.slot not in full]
-    out: dict[int, Sampled] = {r.slot: sample_full_row(logits[r.slot], r, cap) for r in rows if r.slot in full}
+    if isinstance(scores, Candidates):
+        k = scores.values.shape[1]
+        bad = [r for r in rows if needs_logits(r, k)]
+        out = {r.slot: Sampled(-1, error="this row needs the full logits, the step returned top-K candidates")
+               for r in bad}
+        plain = [r for r in rows if r.slot not in out]
+        view = TopCandidates(scores)
+    else:
+        full = {r.slot for r in rows if r.allowed is not None or r.logprobs is not None}
+        plain = [r for r in rows if r.slot not in full]
+        out = {r.slot: sample_full_row(scores[r.slot], r, cap) for r in rows if r.slot in full}
+        view = Chunked(scores) if plain else None
     if plain:
-        out.update(zip((r.slot for r in plain), map(Sampled, _plain_tokens(logits, plain, cap))))
+        out.update(zip((r.slot for r in plain), map(Sampled, _plain_tokens(view, plain, cap))))
     return [out[r.slot] for r in rows]
 
 
-def _plain_tokens(logits: torch.Tensor, rows: list[Row], cap: float | None) -> list[int]:
+def _plain_tokens(view: Chunked | TopCandidates, rows: list[Row], cap: float | None) -> list[int]:
     """Tokens for rows without a mask or logprobs: greedy rows in one argmax, rows with the same top-k in
-    one vectorised draw, others one by one."""
-    chunked = Chunked(logits)
+    one vectorised draw, others one by one on their own fp32 row."""
+    vocab = view.logits.shape[1] if isinstance(view, Chunked) else None
     out: dict[int, int] = {}
     greedy = [r for r, p, *_ in rows if p.greedy]
     if greedy:
-        out.update(zip(greedy, chunked.argmax(torch.tensor(greedy)).tolist()))
+        out.update(zip(greedy, view.argmax(torch.tensor(greedy)).tolist()))
     groups: dict[int, list] = {}
     for r, p, g, *_ in rows:
         if p.greedy:
             continue
-        if 0 < p.top_k <= NUM_CHUNKS and p.top_k < logits.shape[1]:
+        if 0 < p.top_k <= NUM_CHUNKS and (vocab is None or p.top_k < vocab):
             groups.setdefault(p.top_k, []).append((r, p, g))
         else:
-            out[r] = sample(chunked.z[r], p, cap, g)
+            out[r] = sample(view.row(r), p, cap, g)
     for k, members in groups.items():
         idx = torch.tensor([r for r, _, _ in members])
         temps = torch.tensor([p.temperature for _, p, _ in members])
         top_p = torch.tensor([p.top_p for _, p, _ in members])
-        toks = sample_top_k_rows(chunked, idx, k, temps, top_p, [g for _, _, g in members], cap)
+        toks = sample_top_k_rows(view, idx, k, temps, top_p, [g for _, _, g in members], cap)
         out.update(zip(idx.tolist(), toks.tolist()))
     return [out[r.slot] for r in rows]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+DECODE_CANDIDATES = 256  # K of the `decode` graph (NxD Inference's global_topk): Gemma-4's top_k 64 + margin
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +81,8 @@ class ModelDims:
         slots = max_context if self.layer_types[layer] == FULL else self.ring_size(max_context)
         heads = self.kv_heads[layer] if kv_heads is None else kv_heads
         return (batch, heads, slots, self.head_dims[layer])
+
+
+def decode_candidates(dims) -> int:
+    """K of the `decode` graph's top-K candidates for this model (the vocabulary, if that is smaller)."""
+    return min(DECODE_CANDIDATES, dims.vocab_size)

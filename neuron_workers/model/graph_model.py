@@ -4,7 +4,8 @@
 place as a function of their old value, so NxD ModelBuilder V2 links them as device-resident state shared
 by every prefill bucket and the decode graph (no KV crosses the host between steps). The graph inputs are
 explicit positional tensors: int32 ids / positions / indices, masks built with finfo.min, per-layer inputs
-(PLE stays on the host); logits come back without the soft-cap. `compile build --backend neuron` traces
+(PLE stays on the host); logits come back without the soft-cap, or (the `decode` graph) each row's
+K best raw logits and their int32 ids. `compile build --backend neuron` traces
 this very module; it imports no Neuron package.
 """
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from neuron_workers.model.graphs import GemmaGraph
-from neuron_workers.model.spec import DECODE, PREFILL, make_spec
+from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
 
 ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
 
@@ -27,22 +28,34 @@ class NeuronGraphModel(nn.Module):
 
     def __init__(self, hf_lm: nn.Module, dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None):
         super().__init__()
-        pre = make_spec(dims, PREFILL, max_batch, 2, max_context, dtype, ID_DTYPE, kv_heads)
-        dec = make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads)
+        k = decode_candidates(dims)
+        specs = {PREFILL: make_spec(dims, PREFILL, max_batch, 2, max_context, dtype, ID_DTYPE, kv_heads),
+                 DECODE: make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads),
+                 (DECODE, k): make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads, k)}
         self.lm = hf_lm  # the weights, registered once
-        # the two phase wrappers share self.lm; kept out of the module tree so no weight is listed twice
-        self.__dict__["graphs"] = {PREFILL: GemmaGraph(hf_lm, dims, pre), DECODE: GemmaGraph(hf_lm, dims, dec)}
+        # the phase wrappers share self.lm; kept out of the module tree so no weight is listed twice
+        self.__dict__["graphs"] = {key: GemmaGraph(hf_lm, dims, spec) for key, spec in specs.items()}
+        # which decode variant a trace is: the top-K one has the same inputs as `decode`, so the tracer sets
+        # this before tracing it (NxDModel tells the two apart by their tags at run time)
+        self.candidates = 0
         self.kv_names = []
-        for t in dec.kv_inputs:
+        for t in specs[DECODE].kv_inputs:
             name = t.name.replace(".", "_")
             self.register_buffer(name, torch.zeros(t.shape, dtype=dtype))
             self.kv_names.append(name)
 
-    def step(self, host: list[torch.Tensor], prefill: bool) -> torch.Tensor:
-        out = self.graphs[PREFILL if prefill else DECODE](*host, *(getattr(self, n) for n in self.kv_names))
-        for name, new in zip(self.kv_names, out[1:]):
+    def use_topk(self, fn) -> None:
+        """The top-K op the `decode` graph ends with (`graphs.torch_topk` unless the tracer gives another)."""
+        for graph in self.graphs.values():
+            graph.topk_fn = fn
+
+    def step(self, host: list[torch.Tensor], prefill: bool):
+        graph = self.graphs[PREFILL if prefill else (DECODE, self.candidates) if self.candidates else DECODE]
+        out = graph(*host, *(getattr(self, n) for n in self.kv_names))
+        n = graph.spec.num_heads
+        for name, new in zip(self.kv_names, out[n:]):
             setattr(self, name, new)  # out-of-place update that read the old buffer: aliased device state
-        return out[0]
+        return out[0] if n == 1 else tuple(out[:n])
 
 
 class NeuronGraphPle(NeuronGraphModel):

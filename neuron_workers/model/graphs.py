@@ -1,12 +1,13 @@
-"""The static-shape graph modules that compile/ traces: one prefill graph per bucket and one decode graph.
+"""The static-shape graph modules that compile/ traces: one prefill graph per bucket and two decode graphs.
 
 They run transformers' own Gemma-4 decoder layers (no math is rewritten), and own only the plumbing
 around them: embedding, the PLE projection, RoPE tables, the layer loop, the final norm and the tied LM
 head. Their only state is explicit tensors, declared (inputs and outputs) in `spec.GraphSpec`:
 
   prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, slot, *kv
-  decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv
-  outputs: logits [rows, vocab] at the last real position, without the soft-cap, then *kv updated
+  decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv   (decode, decode_logits)
+  outputs: prefill and decode_logits: logits [rows, vocab] at the last real position, without the soft-cap;
+           decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; then *kv updated
 
 Every KV update is a function of the old buffer (the rule the Neuron runtime needs to keep KV as device
 state, and what keeps batched rows independent): prefill writes its prompt into row `slot` with
@@ -75,6 +76,11 @@ class DecodeKV:
         return self.kv[j], self.kv[j + 1]
 
 
+def torch_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K best of each row, best first (the order of equal values is left to the op: the host settles it)."""
+    return torch.topk(logits, k, dim=-1)
+
+
 def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
     """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes)."""
     shape = list(x.shape)
@@ -94,6 +100,7 @@ class GemmaGraph(nn.Module):
         self.names = tuple(t.name for t in spec.inputs)
         self.num_fixed = len(self.names) - spec.num_kv
         self.layer_types = sorted(set(dims.layer_types))
+        self.topk_fn = torch_topk  # (logits, k) -> (values, ids); the Neuron build swaps in the SDK's TopK op
 
     def forward(self, *inputs: torch.Tensor):
         x = dict(zip(self.names[: self.num_fixed], inputs[: self.num_fixed]))
@@ -103,8 +110,17 @@ class GemmaGraph(nn.Module):
         else:
             cache = DecodeKV(self.dims, kv, x["position_ids"])
         hidden = self._decoder(x, cache)
+        return (*self._head(hidden), *cache.kv)
+
+    def _head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tied LM head; the top-K variant keeps each row's K best raw logits (the soft-cap is
+        monotone, so they are the K best after it too) and their ids, best first."""
         logits = self.lm_head(self.model.norm(hidden))[:, 0, :]
-        return (logits, *cache.kv)
+        k = self.spec.candidates
+        if not k:
+            return (logits,)
+        values, ids = self.topk_fn(logits, k)
+        return values, ids.to(self.spec.outputs[1].dtype)
 
     def _decoder(self, x: dict, cache) -> torch.Tensor:
         m, dims = self.model, self.dims

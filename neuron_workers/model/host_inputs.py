@@ -101,13 +101,14 @@ class DecodeBatch:
 
     def inputs(self, slots: list[tuple[int, int, int]]) -> tuple[torch.Tensor, ...]:
         """Inputs to decode (slot, token, position) for each live slot; its K/V goes to slot pos / pos % ring."""
-        for slot, token, pos in slots:
-            if pos >= self.spec.max_context:
-                raise ContextLengthError(f"position {pos} is past the compiled context {self.spec.max_context}")
-            self.mask_full[slot, ..., pos] = 0
-            self.mask_sliding[slot, ..., pos % self.ring] = 0
-            self.input_ids[slot, 0] = token
-            self.position_ids[slot, 0] = pos
+        rows = torch.tensor(slots, dtype=torch.int64).reshape(-1, 3)  # one vectorised write per input, any B
+        slot, token, pos = rows.unbind(1)
+        if len(slots) and int(pos.max()) >= self.spec.max_context:
+            raise ContextLengthError(f"position {int(pos.max())} is past the compiled context {self.spec.max_context}")
+        self.mask_full[slot, 0, 0, pos] = 0
+        self.mask_sliding[slot, 0, 0, pos % self.ring] = 0
+        self.input_ids[slot, 0] = token.to(self.id_dtype)
+        self.position_ids[slot, 0] = pos.to(self.id_dtype)
         values = {"input_ids": self.input_ids, "position_ids": self.position_ids,
                   "mask_full": self.mask_full, "mask_sliding": self.mask_sliding}
         if self.ple is not None:

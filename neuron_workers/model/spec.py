@@ -5,6 +5,12 @@ The tracer (compile/), the backends and the engine all build argument tuples fro
 so the order of graph inputs is written down exactly once. `GraphSpec.outputs` is
 `(logits [rows, vocab], *kv)` with kv in the same order as the kv inputs (k0, v0, k1, v1, ...).
 
+Decode comes in two graphs over the same inputs and the same KV state: `decode` (`candidates=K`)
+returns each row's K largest raw logits and their token ids (`(candidate_values [rows, K],
+candidate_ids [rows, K], *kv)`, best first: K x 6 bytes a row in bf16 instead of vocab x 2), and
+`decode_logits` (`candidates=0`) the full logits. The engine runs `decode` unless some row of the step
+needs the whole distribution (`engine.sampling.needs_logits`).
+
 Batching: the KV buffers hold `batch` rows (slots), one per running sequence. The decode graph takes one
 token for every row; a prefill graph takes one prompt (batch 1, padded to its bucket) and writes it into
 the row named by its `slot` input, leaving every other row as it was.
@@ -13,13 +19,25 @@ the row named by its `slot` input, leaving every other row as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from neuron_workers.model.dims import FULL, SLIDING, ModelDims
+from neuron_workers.model.dims import DECODE_CANDIDATES, FULL, SLIDING, ModelDims, decode_candidates
+
+__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "PREFILL", "Candidates", "GraphSpec", "TensorSpec",
+           "decode_candidates", "kv_specs", "make_spec"]
 
 PREFILL, DECODE = "prefill", "decode"
+DECODE_LOGITS = "decode_logits"  # the tag of the decode variant that returns the full logits
 KV_PREFIXES = ("k.", "v.")
+
+
+class Candidates(NamedTuple):
+    """What the `decode` graph returns for the rows of a step: raw logits, best first, and their token ids."""
+
+    values: torch.Tensor  # [rows, K], the graph's dtype
+    ids: torch.Tensor  # [rows, K], the graph's id dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +57,19 @@ class GraphSpec:
     seq_len: int  # the prefill bucket, 1 for decode
     max_context: int
     inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]  # logits (raw, without the soft-cap), then the updated KV buffers
+    outputs: tuple[TensorSpec, ...]  # logits (raw, without the soft-cap) or candidates, then the updated KV
+    candidates: int = 0  # decode only: K > 0 is `decode` (top-K candidates), 0 `decode_logits`
 
     @property
     def tag(self) -> str:
-        return f"{self.phase}_{self.seq_len}" if self.phase == PREFILL else DECODE
+        if self.phase == PREFILL:
+            return f"{self.phase}_{self.seq_len}"
+        return DECODE if self.candidates else DECODE_LOGITS
+
+    @property
+    def num_heads(self) -> int:
+        """Outputs before the KV buffers: 1 (logits) or 2 (candidate values and ids)."""
+        return len(self.outputs) - self.num_kv
 
     @property
     def num_kv(self) -> int:
@@ -74,11 +100,13 @@ def kv_specs(dims: ModelDims, batch: int, max_context: int, dtype: torch.dtype,
 
 def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context: int,
               dtype: torch.dtype = torch.float32, id_dtype: torch.dtype = torch.int64,
-              kv_heads: tuple[int, ...] | None = None) -> GraphSpec:
+              kv_heads: tuple[int, ...] | None = None, candidates: int = 0) -> GraphSpec:
     """Inputs of a prefill graph (seq_len = bucket, one prompt into one of `batch` slots) or of the
-    decode graph (one token for each of the `batch` rows)."""
+    decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant)."""
     if phase not in (PREFILL, DECODE):
         raise ValueError(f"unknown phase {phase!r}")
+    if candidates and (phase != DECODE or not 0 < candidates <= dims.vocab_size):
+        raise ValueError(f"candidates={candidates}: only decode has them, at most the vocabulary")
     ring = dims.ring_size(max_context)
     if phase == DECODE:
         rows, s, kv_len = batch, 1, {FULL: max_context, SLIDING: ring}
@@ -94,5 +122,10 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
         ins += [TensorSpec("last_idx", (1,), id_dtype), TensorSpec("ring_idx", (1, ring), id_dtype),
                 TensorSpec("slot", (1,), id_dtype)]
     kv = kv_specs(dims, batch, max_context, dtype, kv_heads)
-    outs = (TensorSpec("logits", (rows, dims.vocab_size), dtype), *kv)
-    return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, outs)
+    if candidates:
+        head = (TensorSpec("candidate_values", (rows, candidates), dtype),
+                TensorSpec("candidate_ids", (rows, candidates), id_dtype))
+    else:
+        head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
+    return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates)
+

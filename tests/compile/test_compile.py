@@ -37,10 +37,11 @@ def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
                                artifacts=str(tmp_path / "a"), max_batch=3), progress=lambda s: None, jobs=2)
         builder_model = neuron_double.SAVED[str(tmp_path / "a" / "nxd_model.pt")].module
     traces = [c for c in calls if c[0] == "trace"]
-    assert [t[1] for t in traces] == ["prefill_16", "prefill_32", "decode"]  # one call per bucket, then decode
+    # one call per bucket, then decode with logits and decode with top-K candidates (same inputs)
+    assert [t[1] for t in traces] == ["prefill_16", "prefill_32", "decode_logits", "decode"]
     for _, tag, inputs, written in traces:
         dtypes = [d for _, d in inputs]
-        if tag == "decode":  # ids, positions, per_layer_inputs, mask_full, mask_sliding: 3 rows
+        if tag.startswith("decode"):  # ids, positions, per_layer_inputs, mask_full, mask_sliding: 3 rows
             assert dtypes == [torch.int32, torch.int32, torch.bfloat16, torch.bfloat16, torch.bfloat16]
             assert inputs[0][0] == (3, 1) and inputs[2][0] == (3, 1, 10, 8) and inputs[3][0] == (3, 1, 1, 64)
         else:  # one prompt, + last_idx, ring_idx, slot
@@ -50,11 +51,11 @@ def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
         assert all(written.values())  # every KV buffer replaced (the double checked each read its old value)
     compile_call = next(c for c in calls if c[0] == "compile")
     flags, jobs = compile_call[1], compile_call[3]
-    assert set(flags) == {"prefill_16", "prefill_32", "decode"} and jobs == 2
+    assert set(flags) == {"prefill_16", "prefill_32", "decode_logits", "decode"} and jobs == 2
     for tag, f in flags.items():
         for flag in ("--model-type=transformer", "--auto-cast=none", "--target inf2"):
             assert flag in f
-        assert ("-O1" in f) == tag.startswith("prefill") and ("-O2" in f) == (tag == "decode")
+        assert ("-O1" in f) == tag.startswith("prefill") and ("-O2" in f) == tag.startswith("decode")
     dims = load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False).dims
     bufs = kv_buffers(builder_model)
     assert len(bufs) == 2 * len(dims.kv_layers) and all(b.dtype == torch.bfloat16 for b in bufs.values())
@@ -124,7 +125,8 @@ def test_cpu_build_load_generate_and_manifest_checks(tiny_dirs, tmp_path, capsys
     assert compile_main(["build", "--model", str(d), "--backend", "cpu", "--max-context", "64",
                          "--prefill-buckets", "32", "--out", str(out)]) == 0
     progress = capsys.readouterr().out
-    assert "[1/2] exporting prefill_32" in progress and "[2/2] decode done" in progress
+    assert "[1/3] exporting prefill_32" in progress and "[2/3] decode_logits done" in progress
+    assert "[3/3] decode done" in progress
     m = Manifest.read(out)
     assert (m.tp, m.max_batch, m.max_context, m.prefill_buckets, m.dtype) == (1, 1, 64, [32], "float32")
     from importlib import metadata
@@ -258,3 +260,15 @@ def test_smoke_without_the_sdk_says_what_to_install(capsys):
     assert compile_main(["smoke"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ") and "neuronx-distributed 0.19.28492" in err
+
+
+@pytest.mark.slow
+def test_smoke_tiny_step_covers_both_decode_graphs():
+    """The inf2 smoke test's tiny step, against the Neuron double: tokens and logits of `decode_logits`
+    against the CPU backend, and the tokens through the top-K `decode` graph equal to them."""
+    from compile.smoke import _tiny
+
+    with neuron_double.installed() as calls:
+        ok, detail = _tiny("gemma4-e2b-tiny", 1)
+    assert ok, detail
+    assert {"decode", "decode_logits"} <= {c[1] for c in calls if c[0] == "forward"}

@@ -23,7 +23,8 @@ class _Outputs(nn.Module):
         self.m = m
 
     def forward(self, *args):
-        return (self.m(*args), *(getattr(self.m, n) for n in self.m.kv_names))
+        head = self.m(*args)  # the logits, or (candidate values, ids)
+        return (*(head if isinstance(head, tuple) else (head,)), *(getattr(self.m, n) for n in self.m.kv_names))
 
 
 def trace_facts(module, args) -> tuple[dict[str, KvUse], list[str]]:
@@ -42,7 +43,7 @@ def trace_facts(module, args) -> tuple[dict[str, KvUse], list[str]]:
     by_buffer = {b.removeprefix("m."): nodes[inp] for inp, b in sig.inputs_to_buffers.items()}
     uses = {}
     for i, name in enumerate(module.kv_names):
-        ph, out = by_buffer.get(name), outputs[1 + i]
+        ph, out = by_buffer.get(name), outputs[len(outputs) - len(module.kv_names) + i]
         uses[name] = KvUse(read=ph is not None and any(u.op != "output" for u in ph.users),
                            written=out is not ph, from_old=ph is not None and ph in _ancestors(out))
     weights = [p.removeprefix("m.") for p in sig.inputs_to_parameters.values()]

@@ -57,6 +57,7 @@ class TraceArtifacts:
     weight_name_to_idx: dict[str, int]
     metaneff: types.SimpleNamespace
     inputs: list[tuple[tuple[int, ...], torch.dtype]]
+    switches: dict = None  # module attributes the trace was taken under (the graph keeps them)
 
 
 class ModelBuilder:
@@ -74,8 +75,11 @@ class ModelBuilder:
                                     f"it would not be linked as device state")
         state = [MetaTensor("INPUT_STATE", n.encode()) for n, u in uses.items() if u.read]
         inputs = [(tuple(a.shape), a.dtype) for a in args]
+        # the module's own trace-time switches (e.g. which decode variant): the compiled graph keeps them
+        switches = {"candidates": getattr(self.model, "candidates", None)}
         self.trace_artifacts_collection[tag] = TraceArtifacts(
-            {w: i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state), inputs)
+            {w: i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state), inputs,
+            switches)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -129,12 +133,25 @@ class FakeNxDModel:
         if [(tuple(a.shape), a.dtype) for a in args] != self.traces[model_name].inputs:
             raise DoubleRejects(f"inputs differ from the traced {model_name}")
         CALLS.append(("forward", model_name))
+        for name, value in (self.traces[model_name].switches or {}).items():
+            if value is not None:
+                setattr(self.module, name, value)
         with torch.no_grad():
             return self.module(*args)
 
 
 def _identity(x):
     return x
+
+
+class TopK:
+    """torch_neuronx.xla_impl.ops.TopK as NxD calls it (`TopK.apply(tensor, k, dim=dim)` -> values, indices).
+    Equal values come back in reverse id order, so the host's own tie rule is what the tests see."""
+
+    @staticmethod
+    def apply(tensor, k, dim=-1):
+        values, idx = torch.topk(tensor.flip(dim), k, dim=dim)
+        return values, tensor.shape[dim] - 1 - idx
 
 
 @contextmanager
@@ -151,8 +168,12 @@ def installed():
     mappings = types.ModuleType("neuronx_distributed.parallel_layers.mappings")
     mappings.reduce_from_tensor_model_parallel_region = _identity
     mappings.gather_from_tensor_model_parallel_region = _identity
+    xla_impl = types.ModuleType("torch_neuronx.xla_impl")
+    ops = types.ModuleType("torch_neuronx.xla_impl.ops")
+    ops.TopK = TopK
     mods = {"torch_neuronx": tnx, "neuronx_distributed": nxd, "neuronx_distributed.parallel_layers": pl,
-            "neuronx_distributed.parallel_layers.mappings": mappings}
+            "neuronx_distributed.parallel_layers.mappings": mappings, "torch_neuronx.xla_impl": xla_impl,
+            "torch_neuronx.xla_impl.ops": ops}
     saved = {k: sys.modules.get(k) for k in mods}
     sys.modules.update(mods)
     try:

@@ -188,7 +188,8 @@ def test_a_replica_names_its_node_and_the_mismatched_manifest_field(tiny_dirs, t
 
 
 def test_the_router_holds_more_than_every_model_can():
-    """inf2.yaml's models can hold 368 requests (running, waiting, queued): the router's limit is above that."""
+    """inf2.yaml's models can hold 688 requests (running, waiting, queued): the router's limit is above that.
+    (E2B: 4 replicas x 2 x max_batch 32 + 128 queued; E4B: 2 x 2 x 32 + 128; 12B: 2 x 2 x 4 + 32.)"""
     from pathlib import Path
 
     import yaml
@@ -197,5 +198,5 @@ def test_the_router_holds_more_than_every_model_can():
 
     cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "inf2.yaml").read_text())
     args = AppArgs(**cfg["applications"][0]["args"])
-    assert router_ongoing_limit(args) == 4 * 32 + 64 + 2 * 32 + 64 + 2 * 8 + 32 + PROBE_HEADROOM
+    assert router_ongoing_limit(args) == 4 * 64 + 128 + 2 * 64 + 128 + 2 * 8 + 32 + PROBE_HEADROOM
     assert router_ongoing_limit(AppArgs(models=[fake_spec()])) == 256  # small configs keep the default

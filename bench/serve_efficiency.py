@@ -1,0 +1,139 @@
+"""What the HTTP serving path delivers of what its engine can do: the same greedy requests through Ray Serve
++ HTTP on configs/local.yaml and in this process (`build_engine` with the replica's own settings: its
+max_batch, one thread), 8 concurrent and one at a time, same run, rounds interleaved.
+
+    python bench/serve_efficiency.py [--model gemma-4-e2b-tiny] [--tokens 48] [--requests 8] [--rounds 3]
+
+Prints tokens/s of each (median of the rounds) and the ratios HTTP / in-process (goals: concurrent >= 0.8,
+one at a time >= 0.9), for streamed and non-streamed requests. Every HTTP answer must equal the
+in-process one (greedy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+GOALS = {"concurrent": 0.8, "one at a time": 0.9}
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Request {i}: tell me a story about the sea number {i}" for i in range(n)]
+
+
+def in_process(engine, texts, tokens, together: bool) -> tuple[float, list[list[int]]]:
+    from neuron_workers.engine.params import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    t = time.perf_counter()
+    seqs = [engine.new_sequence(engine.encode(x), params) for x in texts] if together else None
+    if together:
+        out = {s.seq_id: [] for s in seqs}
+        for ev in engine.run_all(seqs):
+            out[ev.seq_id].append(ev.token_id)
+        ids = list(out.values())
+    else:
+        ids = [[ev.token_id for ev in engine.generate(engine.encode(x), params)] for x in texts]
+    return time.perf_counter() - t, ids
+
+
+async def one(h, url, model, text, tokens, stream):
+    body = {"model": model, "prompt": text, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
+            "stream": stream}
+    if not stream:
+        r = await h.post(f"{url}/v1/completions", json=body)
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+    parts = []
+    async with h.stream("POST", f"{url}/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                parts += [c["text"] for c in json.loads(line[6:])["choices"]]
+    return "".join(parts)
+
+
+async def over_http(url, model, texts, tokens, stream, together: bool) -> tuple[float, list[str]]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=300) as h:
+        t = time.perf_counter()
+        if together:
+            out = await asyncio.gather(*(one(h, url, model, x, tokens, stream) for x in texts))
+        else:
+            out = [await one(h, url, model, x, tokens, stream) for x in texts]
+        return time.perf_counter() - t, list(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gemma-4-e2b-tiny")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    import yaml
+    from ray import serve
+
+    from neuron_workers.factory import build_engine
+    from serve_app.app import build_app
+    from serve_app.config import AppArgs
+
+    app_args = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["applications"][0]["args"]
+    texts, n = prompts(args.requests), args.requests * args.tokens
+    rates: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        app_args.update(tiny_dir=tmp, base_dir=tmp)
+        for m in app_args["models"]:
+            m["path"] = str(Path(tmp) / Path(m["path"]).name)
+        built = AppArgs(**app_args)
+        ray.init(include_dashboard=False, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(built), name="bench", route_prefix="/")
+        spec = next(m for m in AppArgs(**app_args).models if m.name == args.model)
+        engine = build_engine(spec.engine_config())  # the replica's settings (threads, max_batch, backend)
+        url = f"http://127.0.0.1:{port}"
+        tok = engine.tokenizer
+        in_process(engine, texts[:2], 4, True)  # warm-up
+        asyncio.run(over_http(url, args.model, texts[:2], 4, True, True))
+        for _ in range(args.rounds):
+            for together in (True, False):
+                how = "concurrent" if together else "one at a time"
+                secs, ids = in_process(engine, texts, args.tokens, together)
+                rates.setdefault((how, "in-process"), []).append(n / secs)
+                want = [tok.decode(i, skip_special_tokens=True) for i in ids]
+                for stream in (True, False):
+                    secs, got = asyncio.run(over_http(url, args.model, texts, args.tokens, stream, together))
+                    assert got == want, f"an HTTP answer differs from the in-process one ({how}, stream={stream})"
+                    rates.setdefault((how, "streamed" if stream else "non-streamed"), []).append(n / secs)
+        serve.shutdown()
+        ray.shutdown()
+    print(f"{args.model} via configs/local.yaml (max_batch {engine.max_batch}, {spec.backend}), {args.requests} "
+          f"greedy requests x {args.tokens} tokens, median of {args.rounds} rounds; HTTP answers identical: yes")
+    for how in ("concurrent", "one at a time"):
+        base = statistics.median(rates[(how, "in-process")])
+        line = f"{how:14s} in-process {base:7.1f} tok/s"
+        for kind in ("streamed", "non-streamed"):
+            r = statistics.median(rates[(how, kind)])
+            line += f" | HTTP {kind} {r:7.1f} tok/s ratio {r / base:.2f}"
+        print(line + f"  (goal >= {GOALS[how]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
