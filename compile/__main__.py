@@ -1,7 +1,8 @@
 """python -m compile {build,plan,smoke} ...
 
   build  --model DIR --out DIR [--tp N --batch B --max-context N --prefill-buckets 128,512 --dtype D]
-         [--backend neuron|cpu] [--jobs J]               trace + compile the graphs, write artifacts + manifest
+         [--backend neuron|cpu] [--jobs J] [--cores 0-1]  trace + compile the graphs, write artifacts + manifest
+         (a neuron build pins NEURON_RT_VISIBLE_CORES: --cores, else the variable, else the first tp cores)
   build  --config configs/inf2.yaml [--model NAME] [--jobs J]
          the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and
          artifacts directory (one source of truth: what is built is what that config serves)
@@ -42,6 +43,8 @@ def parse(argv):
     b.add_argument("--out", help="artifact directory (with --config: the config's `artifacts`)")
     b.add_argument("--jobs", type=int, default=1,
                    help="neuronx-cc processes at once (default 1: each can take tens of GB of host RAM)")
+    b.add_argument("--cores", help="NeuronCores the build may use, e.g. 2-3 (default: NEURON_RT_VISIBLE_CORES "
+                                   "if set, else the first tp): keep clear of a running server's cores")
     p = sub.add_parser("plan", help="will it fit? per-core HBM and host RAM")
     p.add_argument("--model", help="checkpoint directory or config .json (with --config: a model name in it)")
     p.add_argument("--config", help="a serve YAML: plan each of its models as configured")
@@ -73,7 +76,7 @@ def _build(args) -> int:
         cfg = EngineConfig(model=args.model, backend=args.backend, tp=args.tp, max_context=args.max_context,
                            prefill_buckets=args.prefill_buckets, dtype=dtype, artifacts=args.out,
                            max_batch=args.batch)
-        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores)
         return 0
     from compile.serve_config import read_serve_config, select
 
@@ -82,7 +85,7 @@ def _build(args) -> int:
         if not e.engine.artifacts:
             raise UserError(f"model {e.name!r} in {args.config} names no `artifacts` directory to build into")
         print(f"== {e.name}: {e.engine.model} -> {e.engine.artifacts}", flush=True)
-        build(e.engine, progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        build(e.engine, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores)
     return 0
 
 

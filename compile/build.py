@@ -5,6 +5,7 @@ pipeline (build -> manifest -> load -> generate) runs and is tested without Neur
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -16,14 +17,16 @@ from neuron_workers.model.loader import DTYPES, load_model
 from neuron_workers.model.spec import DECODE, PREFILL, make_spec
 
 
-def build(cfg: EngineConfig, progress=print, jobs: int = 1) -> Manifest:
-    """Build `cfg.model` for `cfg.backend` into `cfg.artifacts` (batch: `cfg.batch`)."""
+def build(cfg: EngineConfig, progress=print, jobs: int = 1, cores: str | None = None) -> Manifest:
+    """Build `cfg.model` for `cfg.backend` into `cfg.artifacts` (batch: `cfg.batch`); a neuron build runs on
+    the NeuronCores `cores` (default: NEURON_RT_VISIBLE_CORES if set, else the first tp)."""
     backend, tp, batch, dtype = cfg.backend, cfg.tp, cfg.batch, cfg.dtype
     if not cfg.artifacts:
         raise UserError("say where to write the artifacts (--out)", param="artifacts")
     if backend == "neuron":
         from neuron_workers.backends.neuron import require_neuron
 
+        pin_cores(tp, cores, progress)
         require_neuron()  # before minutes of loading: say what to install
     out = Path(cfg.artifacts)
     if (out / "manifest.json").exists():
@@ -50,6 +53,23 @@ def build(cfg: EngineConfig, progress=print, jobs: int = 1) -> Manifest:
     manifest.write(out)
     progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
     return manifest
+
+
+def pin_cores(tp: int, cores: str | None, progress) -> str:
+    """Pin this build process to `cores` (NEURON_RT_VISIBLE_CORES, read when the runtime starts): building
+    creates runtime models (NxDModel.add), and an unpinned process takes every visible NeuronCore, next to
+    a running server's. Returns the cores."""
+    cores = cores or os.environ.get("NEURON_RT_VISIBLE_CORES") or ("0" if tp == 1 else f"0-{tp - 1}")
+    try:
+        ids = [i for part in cores.split(",") for a, _, b in [part.strip().partition("-")]
+               for i in range(int(a), int(b or a) + 1)]
+    except ValueError:
+        raise UserError(f"--cores must be NeuronCore ids such as 0-1 or 2,3, got {cores!r}", param="cores") from None
+    if len(ids) < tp or any(i < 0 for i in ids):
+        raise UserError(f"a tp={tp} build needs {tp} NeuronCores; --cores {cores!r} names {len(ids)}", param="cores")
+    os.environ["NEURON_RT_VISIBLE_CORES"] = cores
+    progress(f"building on NeuronCores {cores} (NEURON_RT_VISIBLE_CORES; --cores picks cores no server is using)")
+    return cores
 
 
 def _build_cpu(loaded, tp, batch, ctx, buckets, out: Path, progress) -> dict[str, str]:
