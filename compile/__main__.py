@@ -1,4 +1,4 @@
-"""python -m compile {build,plan,smoke} ...
+"""python -m compile {build,plan,hlo,smoke} ...
 
   build  --model DIR --out DIR [--tp N --batch B --max-context N --prefill-buckets 128,512 --dtype D]
          [--backend neuron|cpu] [--jobs J] [--cores 0-1]  trace + compile the graphs, write artifacts + manifest
@@ -9,6 +9,9 @@
   plan   --model DIR_OR_CONFIG_JSON [--tp N --batch B --max-context N --instance inf2.24xlarge] [--json]
   plan   --config configs/inf2.yaml [--model NAME]     each model as configured, on the config's instance
          per-core HBM and host RAM; exits 2 with the numbers when a model does not fit
+  hlo    --model DIR --out DIR [--batch B --max-context N --prefill-buckets 16,32 --dtype D]
+         each graph's HLO text from the xla twin (needs torch-xla) and audit.json (compile/hlo.py): to diff
+         against neuronx-cc's graph.hlo on the first inf2 run
   smoke  the inf2 hardware smoke test (compile/smoke.py): versions, a toy ModelBuilder model, tiny
          checkpoints at tp 1 and 2 against the CPU backend; PASS/FAIL per step
 """
@@ -54,6 +57,13 @@ def parse(argv):
     p.add_argument("--prefill-bucket", type=int, help="largest prefill bucket (default: max context)")
     p.add_argument("--instance", default="inf2.24xlarge")
     p.add_argument("--json", action="store_true")
+    h = sub.add_parser("hlo", help="write each graph's HLO text from the xla twin (torch-xla), with an audit")
+    h.add_argument("--model", required=True, help="checkpoint directory")
+    h.add_argument("--out", required=True, help="folder for <graph>.hlo.txt and audit.json")
+    h.add_argument("--batch", type=int, default=1, help="sequences decoded together, as compile build --batch")
+    h.add_argument("--max-context", type=int)
+    h.add_argument("--prefill-buckets", type=_ints)
+    h.add_argument("--dtype", default="bfloat16", help="default bfloat16, as a neuron build")
     sm = sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
     sm.add_argument("step", nargs="?", choices=["sdk", "toy", "tp1", "tp2"], help="run one step (internal)")
     args = ap.parse_args(argv)
@@ -113,6 +123,16 @@ def _plan(args) -> int:
     return 0 if fits else 2
 
 
+def _hlo(args) -> int:
+    from compile.hlo import write_hlo
+    from neuron_workers.config import EngineConfig
+
+    cfg = EngineConfig(model=args.model, backend="xla", max_context=args.max_context,
+                       prefill_buckets=args.prefill_buckets, dtype=args.dtype, max_batch=args.batch)
+    write_hlo(cfg, args.out, progress=lambda m: print(m, flush=True))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     try:
@@ -120,6 +140,8 @@ def main(argv=None) -> int:
             return _build(args)
         if args.cmd == "plan":
             return _plan(args)
+        if args.cmd == "hlo":
+            return _hlo(args)
         from compile.smoke import main as smoke
 
         return smoke([args.step] if args.step else [])

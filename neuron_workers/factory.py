@@ -21,9 +21,13 @@ def build_engine(cfg: EngineConfig) -> Engine:
 
         model, backend = load_from_artifacts(cfg)
         return Engine(model, backend)
-    if cfg.backend == "xla" and cfg.tp != 1:
-        raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: README, 'The xla backend')",
-                        param="tp")
+    if cfg.backend == "xla":
+        from neuron_workers.backends.xla import require_xla
+
+        require_xla()  # before loading: say what to install
+        if cfg.tp != 1:
+            raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: README, 'The xla "
+                            "backend')", param="tp")
     model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)

@@ -52,15 +52,20 @@ class XlaBackend(GraphBackend):
         self.device = self._xla.device()
         self.module = graph_model(hf_lm, dims, max_context, max_batch, dtype).to(self.device)
         check_one_embedding(self.module)
-        self.compiles: dict[str, int] = {}
+        self.compiles: dict[str, int] = {}  # tag -> programs compiled for it (0 if an earlier one was reused)
+        self.graph_hashes: dict[str, set] = {}  # tag -> the XLA graph hashes its calls ran (the compile cache key)
+        self.calls: dict[str, int] = {}
 
     @torch.no_grad()
     def _run(self, spec: GraphSpec, inputs) -> torch.Tensor:
         before = self._compile_count()
         logits = self.module(*(t.to(self.device) for t in inputs))  # KV: module state, replaced on the device
+        pending = [logits] + [getattr(self.module, n) for n in self.module.kv_names]
+        self.graph_hashes.setdefault(spec.tag, set()).add(self._xla._XLAC._get_graph_hash(pending))
         self._xla.sync()  # the one graph execution of this call (KV updates included)
         out = logits.cpu()
         self.compiles[spec.tag] = self.compiles.get(spec.tag, 0) + self._compile_count() - before
+        self.calls[spec.tag] = self.calls.get(spec.tag, 0) + 1
         return out
 
     def _compile_count(self) -> int:
@@ -89,9 +94,5 @@ class XlaBackend(GraphBackend):
 def check_one_embedding(module) -> None:
     """The LM head must use the embedding's own device tensor: a Parameter tie made before a move to an XLA
     device becomes two copies (torch-xla's documented behaviour), i.e. a second vocab x hidden matrix."""
-    head, emb = module.lm.lm_head, module.lm.model.embed_tokens
-    weight = getattr(head, "weight", None)
-    if weight is None:
-        weight = head.embedding.weight
-    if weight is not emb.weight:
+    if module.lm.lm_head.weight is not module.lm.model.embed_tokens.weight:
         raise RuntimeError("the LM head holds its own copy of the embedding on the XLA device")

@@ -31,6 +31,10 @@ class TiedHead(nn.Module):
         super().__init__()
         self.embedding = embedding
 
+    @property
+    def weight(self) -> torch.Tensor:  # as nn.Linear's, for code that reads the head's weight
+        return self.embedding.weight
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(h, self.embedding.weight)
 
