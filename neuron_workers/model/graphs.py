@@ -62,7 +62,7 @@ class DecodeKV:
         self.dims, self.kv = dims, kv
         self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
         self.pos = position_ids[:, :1]  # [B, 1], the ids' dtype (int32 on the Neuron graphs: no s64 index)
-        self.where: dict[tuple[int, ...], torch.Tensor] = {}  # buffer shape -> scatter index [B, H, 1, D]
+        self.scatter_index: dict[tuple[int, ...], torch.Tensor] = {}  # buffer shape -> index [B, H, 1, D]
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
         j = self.index[layer_idx]
@@ -73,10 +73,10 @@ class DecodeKV:
 
     def _index(self, shape) -> torch.Tensor:
         key = tuple(shape)
-        if key not in self.where:
+        if key not in self.scatter_index:
             b, h, n, d = key
-            self.where[key] = (self.pos % n).reshape(b, 1, 1, 1).expand(b, h, 1, d)
-        return self.where[key]
+            self.scatter_index[key] = (self.pos % n).reshape(b, 1, 1, 1).expand(b, h, 1, d)
+        return self.scatter_index[key]
 
 
 def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
