@@ -1,13 +1,17 @@
-"""python -m compile {build,plan,kuberay,smoke} ...
+"""python -m compile {build,plan,hlo,kuberay,smoke} ...
 
   build  --model DIR --out DIR [--tp N --batch B --max-context N --prefill-buckets 128,512 --dtype D]
-         [--backend neuron|cpu] [--jobs J]               trace + compile the graphs, write artifacts + manifest
+         [--backend neuron|cpu] [--jobs J] [--cores 0-1]  trace + compile the graphs, write artifacts + manifest
+         (a neuron build pins NEURON_RT_VISIBLE_CORES: --cores, else the variable, else the first tp cores)
   build  --config configs/inf2.yaml [--model NAME] [--jobs J]
          the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and
          artifacts directory (one source of truth: what is built is what that config serves)
   plan   --model DIR_OR_CONFIG_JSON [--tp N --batch B --max-context N --instance inf2.24xlarge] [--json]
   plan   --config configs/inf2.yaml [--model NAME]     each model as configured, on the config's instance
          per-core HBM and host RAM; exits 2 with the numbers when a model does not fit
+  hlo    --model DIR --out DIR [--batch B --max-context N --prefill-buckets 16,32 --dtype D]
+         each graph's HLO text from the xla twin (needs torch-xla) and audit.json (compile/hlo.py): to diff
+         against neuronx-cc's graph.hlo on the first inf2 run
   kuberay --config configs/inf2.yaml [--check]   the KubeRay RayService for EKS generated from that config
          (configs/kuberay/rayservice.yaml; --check exits 1 when it has drifted)
   smoke  the inf2 hardware smoke test (compile/smoke.py): versions, a toy ModelBuilder model, tiny
@@ -44,6 +48,8 @@ def parse(argv):
     b.add_argument("--out", help="artifact directory (with --config: the config's `artifacts`)")
     b.add_argument("--jobs", type=int, default=1,
                    help="neuronx-cc processes at once (default 1: each can take tens of GB of host RAM)")
+    b.add_argument("--cores", help="NeuronCores the build may use, e.g. 2-3 (default: NEURON_RT_VISIBLE_CORES "
+                                   "if set, else the first tp): keep clear of a running server's cores")
     p = sub.add_parser("plan", help="will it fit? per-core HBM and host RAM")
     p.add_argument("--model", help="checkpoint directory or config .json (with --config: a model name in it)")
     p.add_argument("--config", help="a serve YAML: plan each of its models as configured")
@@ -57,6 +63,13 @@ def parse(argv):
     k.add_argument("--config", default="configs/inf2.yaml")
     k.add_argument("--out", help="default: configs/kuberay/rayservice.yaml")
     k.add_argument("--check", action="store_true", help="exit 1 when the manifest has drifted from the config")
+    h = sub.add_parser("hlo", help="write each graph's HLO text from the xla twin (torch-xla), with an audit")
+    h.add_argument("--model", required=True, help="checkpoint directory")
+    h.add_argument("--out", required=True, help="folder for <graph>.hlo.txt and audit.json")
+    h.add_argument("--batch", type=int, default=1, help="sequences decoded together, as compile build --batch")
+    h.add_argument("--max-context", type=int)
+    h.add_argument("--prefill-buckets", type=_ints)
+    h.add_argument("--dtype", default="bfloat16", help="default bfloat16, as a neuron build")
     sm = sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
     sm.add_argument("step", nargs="?", choices=["sdk", "toy", "tp1", "tp2"], help="run one step (internal)")
     args = ap.parse_args(argv)
@@ -79,7 +92,7 @@ def _build(args) -> int:
         cfg = EngineConfig(model=args.model, backend=args.backend, tp=args.tp, max_context=args.max_context,
                            prefill_buckets=args.prefill_buckets, dtype=dtype, artifacts=args.out,
                            max_batch=args.batch)
-        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores)
         return 0
     from compile.serve_config import read_serve_config, select
 
@@ -88,7 +101,7 @@ def _build(args) -> int:
         if not e.engine.artifacts:
             raise UserError(f"model {e.name!r} in {args.config} names no `artifacts` directory to build into")
         print(f"== {e.name}: {e.engine.model} -> {e.engine.artifacts}", flush=True)
-        build(e.engine, progress=lambda m: print(m, flush=True), jobs=args.jobs)
+        build(e.engine, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores)
     return 0
 
 
@@ -116,6 +129,16 @@ def _plan(args) -> int:
     return 0 if fits else 2
 
 
+def _hlo(args) -> int:
+    from compile.hlo import write_hlo
+    from neuron_workers.config import EngineConfig
+
+    cfg = EngineConfig(model=args.model, backend="xla", max_context=args.max_context,
+                       prefill_buckets=args.prefill_buckets, dtype=args.dtype, max_batch=args.batch)
+    write_hlo(cfg, args.out, progress=lambda m: print(m, flush=True))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     try:
@@ -123,6 +146,8 @@ def main(argv=None) -> int:
             return _build(args)
         if args.cmd == "plan":
             return _plan(args)
+        if args.cmd == "hlo":
+            return _hlo(args)
         if args.cmd == "kuberay":
             from compile.kuberay import main as kuberay
 

@@ -6,7 +6,9 @@ runs and is tested without Neuron hardware."""
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from neuron_workers.artifacts.manifest import Manifest, config_hash, installed_versions
@@ -16,12 +18,20 @@ from neuron_workers.factory import resolve_buckets
 from neuron_workers.model.loader import DTYPES, load_model
 from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
 
+CORES_VAR = "NEURON_RT_VISIBLE_CORES"
 
-def build(cfg: EngineConfig, progress=print, jobs: int = 1) -> Manifest:
-    """Build `cfg.model` for `cfg.backend` into `cfg.artifacts` (batch: `cfg.batch`)."""
-    backend, tp, batch, dtype = cfg.backend, cfg.tp, cfg.batch, cfg.dtype
+
+def build(cfg: EngineConfig, progress=print, jobs: int = 1, cores: str | None = None) -> Manifest:
+    """Build `cfg.model` for `cfg.backend` into `cfg.artifacts` (batch: `cfg.batch`); a neuron build runs on
+    the NeuronCores `cores` (default: NEURON_RT_VISIBLE_CORES if set, else the first tp)."""
     if not cfg.artifacts:
         raise UserError("say where to write the artifacts (--out)", param="artifacts")
+    with pinned_cores(cfg.tp, cores, progress) if cfg.backend == "neuron" else nullcontext():
+        return _build(cfg, progress, jobs)
+
+
+def _build(cfg: EngineConfig, progress, jobs: int) -> Manifest:
+    backend, tp, batch, dtype = cfg.backend, cfg.tp, cfg.batch, cfg.dtype
     if backend == "neuron":
         from neuron_workers.backends.neuron import require_neuron
 
@@ -51,6 +61,31 @@ def build(cfg: EngineConfig, progress=print, jobs: int = 1) -> Manifest:
     manifest.write(out)
     progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
     return manifest
+
+
+@contextmanager
+def pinned_cores(tp: int, cores: str | None, progress):
+    """Pin this build to `cores` (NEURON_RT_VISIBLE_CORES, read when the runtime starts) for its duration:
+    building creates runtime models (NxDModel.add), and an unpinned process takes every visible NeuronCore,
+    next to a running server's. Yields the cores; the variable is restored afterwards."""
+    cores = cores or os.environ.get(CORES_VAR) or ("0" if tp == 1 else f"0-{tp - 1}")
+    try:
+        ids = [i for part in cores.split(",") for a, _, b in [part.strip().partition("-")]
+               for i in range(int(a), int(b or a) + 1)]
+    except ValueError:
+        raise UserError(f"--cores must be NeuronCore ids such as 0-1 or 2,3, got {cores!r}", param="cores") from None
+    if len(ids) < tp:
+        raise UserError(f"a tp={tp} build needs {tp} NeuronCores; --cores {cores!r} names {len(ids)}", param="cores")
+    before = os.environ.get(CORES_VAR)
+    os.environ[CORES_VAR] = cores
+    progress(f"building on NeuronCores {cores} ({CORES_VAR}; --cores picks cores no server is using)")
+    try:
+        yield cores
+    finally:
+        if before is None:
+            os.environ.pop(CORES_VAR, None)
+        else:
+            os.environ[CORES_VAR] = before
 
 
 def _build_cpu(loaded, tp, batch, ctx, buckets, out: Path, progress) -> dict[str, str]:

@@ -86,7 +86,9 @@ def layer_params(cfg, dims: ModelDims, i: int, inter: int) -> dict[str, int]:
 
 
 def model_params(cfg, dims: ModelDims) -> dict[str, int]:
-    """Model-level parameters: the tied embedding (vocab-split), replicated norms and PLE projection, PLE table."""
+    """Model-level parameters: the tied embedding (vocab-split), replicated norms and PLE projection, PLE table.
+    The embedding is counted once: the LM head reads the embedding module (graph_model.TiedHead, and
+    VocabParallelHead at tp>1), so the device holds one copy; `compile build` warns if a trace takes it twice."""
     ple = dims.num_layers * dims.ple_dim
     return {"embed": dims.vocab_size * dims.hidden_size,
             "rep": dims.hidden_size + (dims.hidden_size * ple + dims.ple_dim if ple else 0),

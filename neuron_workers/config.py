@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from neuron_workers.errors import UserError
 
-BACKENDS = ("cpu", "neuron")
+BACKENDS = ("cpu", "xla", "neuron")  # xla: the traced module on a torch-xla device (backends/xla.py)
 CPU_MODES = ("eager", "export", "inductor")  # see backends/cpu.py
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float64")  # float64: CPU only, for exactness checks
 SUPPORTED_TP = (1, 2, 4, 8)
@@ -50,7 +50,7 @@ class EngineConfig:
             if any(b < 1 for b in self.prefill_buckets):
                 raise UserError(f"prefill buckets must be positive, got {list(self.prefill_buckets)}",
                                 param="prefill_buckets")
-        if self.backend != "cpu" and not self.artifacts:
+        if self.backend == "neuron" and not self.artifacts:
             raise UserError(f"the {self.backend} backend runs compiled artifacts: set `artifacts` (`--artifacts DIR` "
                             f"on the CLI), made by `python -m compile build --backend {self.backend}`",
                             param="artifacts")

@@ -1,5 +1,6 @@
 """Build a ready Engine from an EngineConfig: the one entry point that the CLI, the Ray Serve replica,
-the smoke test and the benchmarks share. Picks the backend (in-process graphs or compiled artifacts)."""
+the smoke test and the benchmarks share. Picks the backend (in-process graphs: cpu, cpu over tp ranks,
+xla; or compiled artifacts)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,21 @@ def build_engine(cfg: EngineConfig) -> Engine:
 
         model, backend = load_from_artifacts(cfg)
         return Engine(model, backend)
+    if cfg.backend == "xla":
+        from neuron_workers.backends.xla import require_xla
+
+        require_xla()  # before loading: say what to install
+        if cfg.tp != 1:
+            raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: README, 'The xla "
+                            "backend')", param="tp")
     model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
-    if cfg.tp > 1:
+    if cfg.backend == "xla":
+        from neuron_workers.backends.xla import XlaBackend
+
+        backend = XlaBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.batch)
+    elif cfg.tp > 1:
         from neuron_workers.backends.cpu_tp import TpCpuBackend
 
         backend = TpCpuBackend(cfg.model, model.dims, cfg.tp, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode,

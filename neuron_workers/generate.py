@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+from neuron_workers.config import BACKENDS
 from neuron_workers.errors import UserError
 
 
@@ -39,7 +40,8 @@ def parse_args(argv):
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence ids")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "neuron"])
+    ap.add_argument("--backend", default="cpu", choices=list(BACKENDS),
+                    help="cpu (default), xla (the traced module on a torch-xla CPU device) or neuron (artifacts)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     ap.add_argument("--max-context", type=int, help="KV-cache length (default: min(model, 1024))")
     ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")

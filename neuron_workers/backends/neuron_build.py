@@ -21,6 +21,7 @@ from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_s
 from neuron_workers.parallel.collectives import NxdCollectives
 
 INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
+EMBEDDING_KEYS = ("embed_tokens.weight", "lm_head.weight", "lm_head.embedding.weight")  # one tensor, tied
 
 
 def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir: Path, progress,
@@ -52,6 +53,10 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
             builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag=spec.tag)
         weights = [rank_state_dict(model, full, plan, r) for r in range(tp)]
         traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
+        copies = sorted(k for k in traced if k.endswith(EMBEDDING_KEYS))
+        if len(copies) > 1:  # compile plan counts one; graph_model.TiedHead is there to keep it one
+            progress(f"warning: the traces take the tied embedding {len(copies)} times ({copies}): "
+                     f"{len(copies) - 1} extra vocab x hidden copies of HBM per core that compile plan does not count")
         flags = {spec.tag: PHASE_FLAGS[spec.phase] for spec in specs}
         progress(f"compiling {len(specs)} graphs with neuronx-cc, {jobs} at a time (minutes to tens of minutes "
                  f"each; logs in {out_dir / 'compiler_workdir'}); {len(persistent)} non-persistent buffers saved")
@@ -93,10 +98,11 @@ def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan
 
 def check_traces(artifacts: dict, saved: set[str], kv_names: set[str]) -> set[str]:
     """Every weight a trace takes must be one we save, and every trace's state must be exactly the KV
-    buffers (a buffer a graph only writes is not linked as state). Returns the union of traced weights."""
+    buffers (a buffer a graph only writes is not linked as state). Returns the union of traced weights,
+    as dotted state-dict keys."""
     traced: set[str] = set()
     for tag, art in artifacts.items():
-        names = set(art.weight_name_to_idx)
+        names = traced_weight_names(art)
         missing = sorted(names - saved)
         if missing:
             raise UserError(f"graph {tag} takes weights we would not save: {missing[:5]}"
@@ -107,6 +113,13 @@ def check_traces(artifacts: dict, saved: set[str], kv_names: set[str]) -> set[st
                             f"{sorted(kv_names - state)[:4]}, extra {sorted(state - kv_names)[:4]})")
         traced |= names
     return traced
+
+
+def traced_weight_names(art) -> set[str]:
+    """A trace's weights as dotted state-dict keys: `weight_name_to_idx` joins module names with `->`
+    (`'query->weight'` in NxD's ModelBuilder V2 test; hlo_utils makes checkpoint keys with
+    `.replace("->", ".")`), while set_weights takes dotted state-dict names."""
+    return {name.replace("->", ".") for name in art.weight_name_to_idx}
 
 
 def state_names(metaneff) -> set[str]:

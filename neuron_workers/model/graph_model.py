@@ -5,8 +5,12 @@ place as a function of their old value, so NxD ModelBuilder V2 links them as dev
 by every prefill bucket and the decode graph (no KV crosses the host between steps). The graph inputs are
 explicit positional tensors: int32 ids / positions / indices, masks built with finfo.min, per-layer inputs
 (PLE stays on the host); logits come back without the soft-cap, or (the `decode` graph) each row's
-K best raw logits and their int32 ids. `compile build --backend neuron` traces
-this very module; it imports no Neuron package.
+K best raw logits and their int32 ids. `compile build --backend neuron` traces this very module, and
+`backends/xla.py` runs it on a torch-xla device; it imports no Neuron package.
+
+The tied LM head reads the embedding *module* (`TiedHead`), never a Parameter shared by two modules:
+torch-xla documents that a Parameter tie made before the move to the device becomes two device copies
+(the trace would take the vocab x hidden matrix twice: ~0.8 GB more HBM for E2B).
 """
 
 from __future__ import annotations
@@ -20,6 +24,30 @@ from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_s
 ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
 
 
+class TiedHead(nn.Module):
+    """The LM head as a view of the embedding module's weight (at tp>1 `parallel.layers.VocabParallelHead`
+    does the same with the rank's shard)."""
+
+    def __init__(self, embedding: nn.Module):
+        super().__init__()
+        self.embedding = embedding
+
+    @property
+    def weight(self) -> torch.Tensor:  # as nn.Linear's, for code that reads the head's weight
+        return self.embedding.weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(h, self.embedding.weight)
+
+
+def tie_head(hf_lm: nn.Module) -> nn.Module:
+    """Replace an `nn.Linear` head tied by Parameter to the embedding with a `TiedHead` (same math)."""
+    head, emb = hf_lm.lm_head, hf_lm.model.embed_tokens
+    if isinstance(head, nn.Linear) and head.weight is emb.weight and head.bias is None:
+        hf_lm.lm_head = TiedHead(emb)
+    return hf_lm
+
+
 class NeuronGraphModel(nn.Module):
     """Prefill (called with last_idx / ring_idx / slot) and decode (without them) over KV buffers registered
     as state, [max_batch, ...] each. ModelBuilder V2 traces `forward` once per graph tag; which phase a
@@ -28,6 +56,7 @@ class NeuronGraphModel(nn.Module):
 
     def __init__(self, hf_lm: nn.Module, dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None):
         super().__init__()
+        tie_head(hf_lm)
         k = decode_candidates(dims)
         specs = {PREFILL: make_spec(dims, PREFILL, max_batch, 2, max_context, dtype, ID_DTYPE, kv_heads),
                  DECODE: make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads),

@@ -12,7 +12,7 @@ head. Their only state is explicit tensors, declared (inputs and outputs) in `sp
 Every KV update is a function of the old buffer (the rule the Neuron runtime needs to keep KV as device
 state, and what keeps batched rows independent): prefill writes its prompt into row `slot` with
 `index_copy` into the old buffer, decode writes each row's new K/V at that row's position with
-`torch.where` over the old buffer. Rows other than the one written stay bit-identical.
+`torch.scatter` into the old buffer (one position per row). Everything not written stays bit-identical.
 
 The HF layers talk to the KV buffers through a duck-typed cache whose `update` is functional (no
 in-place writes, no counters): positions come from `position_ids`, so nothing freezes when traced.
@@ -56,24 +56,28 @@ class PrefillKV:
 
 class DecodeKV:
     """Decode, every row at its own position: write the new K/V at `pos` (full) or `pos % ring` (sliding)
-    of that row; attend over the buffer."""
+    of that row with `torch.scatter` into the old buffer (one position per row is written, as NxD's and NxD
+    Inference's KV updates: no select over the whole [B, H, ctx, D] buffer); attend over the buffer."""
 
     def __init__(self, dims: ModelDims, kv: list[torch.Tensor], position_ids: torch.Tensor):
         self.dims, self.kv = dims, kv
         self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
-        self.onehot = {}
-        pos = position_ids[:, :1]
-        for layer in dims.kv_layers:
-            n = kv[self.index[layer]].shape[2]
-            if n not in self.onehot:
-                self.onehot[n] = (torch.arange(n, device=pos.device)[None, :] == pos % n)[:, None, :, None]
+        self.pos = position_ids[:, :1]  # [B, 1], the ids' dtype (int32 on the Neuron graphs: no s64 index)
+        self.scatter_index: dict[tuple[int, ...], torch.Tensor] = {}  # buffer shape -> index [B, H, 1, D]
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
         j = self.index[layer_idx]
-        hot = self.onehot[self.kv[j].shape[2]]
-        self.kv[j] = torch.where(hot, k, self.kv[j])
-        self.kv[j + 1] = torch.where(hot, v, self.kv[j + 1])
+        idx = self._index(self.kv[j].shape)
+        self.kv[j] = torch.scatter(self.kv[j], 2, idx, k.to(self.kv[j].dtype))  # reads the old buffer
+        self.kv[j + 1] = torch.scatter(self.kv[j + 1], 2, idx, v.to(self.kv[j + 1].dtype))
         return self.kv[j], self.kv[j + 1]
+
+    def _index(self, shape) -> torch.Tensor:
+        key = tuple(shape)
+        if key not in self.scatter_index:
+            b, h, n, d = key
+            self.scatter_index[key] = (self.pos % n).reshape(b, 1, 1, 1).expand(b, h, 1, d)
+        return self.scatter_index[key]
 
 
 def torch_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

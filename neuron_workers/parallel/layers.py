@@ -41,13 +41,15 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.vocab_start = nn.Parameter(torch.tensor([start], dtype=torch.int32), requires_grad=False)
         self.coll = coll
-        self.embed_scale = torch.tensor(scale)
+        # A Python float (rounded as HF's `embed_scale.to(weight.dtype)`), not a plain tensor attribute: a
+        # tensor that is neither parameter nor buffer does not move with the module and is unnamed device data.
+        self.embed_scale = float(torch.tensor(scale).to(weight.dtype))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.vocab_start.to(ids.dtype)
         inside = (local >= 0) & (local < self.weight.shape[0])
         rows = nn.functional.embedding(torch.where(inside, local, 0), self.weight)
-        rows = torch.where(inside[..., None], rows * self.embed_scale.to(self.weight.dtype), 0.0)
+        rows = torch.where(inside[..., None], rows * self.embed_scale, 0.0)
         return self.coll.all_reduce(rows)
 
 

@@ -2,8 +2,12 @@
 - on the module the Neuron build traces (`NeuronGraphModel`), in every graph (prefill buckets, a bucket of
   1 included, and batched decode), every KV buffer is read and replaced by a function of its old value;
 - the strict test double rejects each bad pattern the real SDK would (write-only state, weight names that
-  differ from the traced ones, compile without a worker bound), so the contract tests mean something;
-- the build fails with the names when a trace takes weights we would not save or state that is not KV."""
+  differ from the traced ones, compile without a worker bound, inputs no graph was traced for), and keys
+  weights as NxD does (`->` names, a Parameter tie is two device copies, read-only buffers are weights), so
+  the contract tests mean something;
+- the build reads NxD's `->` weight names, and fails with the names when a trace takes weights we would not
+  save or state that is not KV;
+- the module the build traces holds the tied embedding once, through the device move."""
 
 from __future__ import annotations
 
@@ -95,6 +99,74 @@ def test_build_check_names_what_does_not_match():
     kv = {"k_0", "v_0"}
     assert check_traces({"decode": artifacts(["a", "b"], kv)}, {"a", "b", "c"}, kv) == {"a", "b"}
     with pytest.raises(UserError, match=r"graph prefill_16 takes weights we would not save: \['rope.inv_freq'\]"):
-        check_traces({"prefill_16": artifacts(["a", "rope.inv_freq"], kv)}, {"a"}, kv)
+        check_traces({"prefill_16": artifacts(["a", "rope->inv_freq"], kv)}, {"a"}, kv)
     with pytest.raises(UserError, match=r"its device state is not exactly the KV buffers \(missing \['v_0'\]"):
         check_traces({"decode": artifacts(["a"], {"k_0"})}, {"a"}, kv)
+
+
+def test_build_check_reads_nxd_arrow_names_as_state_dict_keys():
+    """weight_name_to_idx joins module names with '->' (NxD's own test: 'query->weight'); we save dotted keys."""
+    kv = {"k_0", "v_0"}
+    names = ["lm->model->layers->0->self_attn->q_proj->weight", "lm->model->embed_tokens->weight"]
+    saved = {"lm.model.layers.0.self_attn.q_proj.weight", "lm.model.embed_tokens.weight"}
+    assert check_traces({"decode": artifacts(names, kv)}, saved, kv) == saved
+
+
+class Nested(nn.Module):
+    """A tied head by Parameter (two modules, one Parameter), a read-only buffer, one KV buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(8, 4), nn.Linear(4, 8, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.tensor(2.0))
+        self.register_buffer("cache", torch.zeros(2, 4))
+        self.kv_names = ["cache"]
+
+    def forward(self, ids, slot):
+        self.cache = torch.index_copy(self.cache, 0, slot, self.emb(ids)[:1])
+        return self.head(self.cache * self.scale)
+
+
+def test_double_keys_like_nxd_arrows_parameter_ties_and_read_only_buffers():
+    with neuron_double.installed():
+        builder = neuron_double.ModelBuilder(Nested())
+        builder.trace(args=(torch.tensor([1, 2]), torch.tensor([0])), tag="two")
+        art = builder.trace_artifacts_collection["two"]
+    # a Parameter tie made before the move is two device copies; the read-only buffer is a weight, not state
+    assert set(art.weight_name_to_idx) == {"emb->weight", "head->weight", "scale"}
+    assert [t.checkpoint_key for t in art.metaneff.input_tensors] == [b"cache"]
+
+
+def test_double_routes_by_input_names_and_shapes():
+    with neuron_double.installed():
+        builder = neuron_double.ModelBuilder(Nested())
+        for n in (2, 3):
+            builder.trace(args=(torch.arange(n), torch.tensor([0])), tag=f"n{n}")
+        model = builder.compile(compiler_args={"n2": "", "n3": ""}, max_workers=1)
+        m = Nested()
+        model.set_weights([{"emb.weight": m.emb.weight, "head.weight": m.emb.weight, "scale": m.scale}])
+        model.to_neuron()
+        model.forward(torch.arange(3), torch.tensor([1]))  # routed by shape, no model_name needed
+        assert neuron_double.CALLS[-1] == ("forward", "n3")
+        with pytest.raises(neuron_double.DoubleRejects, match="no traced graph"):
+            model.forward(torch.arange(4), torch.tensor([1]))
+        with pytest.raises(neuron_double.DoubleRejects, match="does not take these inputs"):
+            model.forward(torch.arange(3), torch.tensor([1]), model_name="n2")
+
+
+@pytest.mark.slow
+def test_the_traced_module_takes_the_tied_embedding_once(tiny_dirs):
+    """tp=1: the LM head reads the embedding module (graph_model.TiedHead), so the trace (and the device)
+    holds one vocab x hidden matrix; a Parameter tie would be two copies that compile plan does not count."""
+    m = load_model(tiny_dirs["gemma4-e2b-tiny"], torch.bfloat16)
+    make_buffers_persistent(m.hf_lm)
+    module = graph_model(m.hf_lm, m.dims, 32, 2, torch.bfloat16)
+    spec = make_spec(m.dims, DECODE, 2, 1, 32, torch.bfloat16, ID_DTYPE)
+    with neuron_double.installed():
+        builder = neuron_double.ModelBuilder(module)
+        builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag="decode")
+    shapes = {k: v.shape for k, v in module.state_dict().items()}
+    names = [n.replace("->", ".") for n in builder.trace_artifacts_collection["decode"].weight_name_to_idx]
+    big = [n for n in names if shapes[n] == (m.dims.vocab_size, m.dims.hidden_size)]
+    assert big == ["lm.model.embed_tokens.weight"]

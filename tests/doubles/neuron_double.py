@@ -2,13 +2,20 @@
 every call the Neuron backend makes and REJECT what the real SDK would reject or silently break on, so the
 contract is checked without Neuron hardware or packages. Nothing here is, or pretends to be, Neuron.
 
-Rules it enforces (each has a test showing it fails on the bad pattern, tests/test_neuron_double.py):
-- state is linked by reads: every KV buffer a graph replaces must be read, and its new value must be a
-  function of its old one (a write-only buffer is not aliased state on the device);
+Rules it enforces (each has a test showing it fails on the bad pattern, tests/backends/test_neuron_rules.py),
+as the NxD 0.18 source and torch-xla's documentation describe the real ones:
+- state is what a graph re-assigns: every KV buffer a graph replaces must be read, and its new value must be
+  a function of its old one (a write-only buffer is not aliased state on the device); a buffer the graph
+  only reads is a weight, not state;
 - a trace's weights are the tensors its forward reads (parameters and buffers, non-persistent ones
-  included, tied ones once): `set_weights` must get exactly those names per rank;
+  included), keyed in `weight_name_to_idx` with `->` between module names (`'query->weight'`, as NxD's
+  ModelBuilder V2 test shows); a Parameter shared by two modules is two weights (torch-xla: a tie made
+  before the move to the device becomes two copies), a module reached by two paths is one;
+- `set_weights` takes dotted state-dict names and must get exactly the traced weights per rank;
 - `compile` needs `max_workers` (unbounded, it runs one neuronx-cc per graph at once);
-- forward is called with the traced inputs' shapes and dtypes, after `set_weights` and `to_neuron`.
+- forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
+  NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
+  traced dtypes, after `set_weights` and `to_neuron`.
 
 `installed()` puts the fakes in sys.modules. Traced graphs are not compiled: the double keeps the module
 ModelBuilder was given and runs it on the CPU (its registered KV buffers standing in for device state).
@@ -16,6 +23,7 @@ ModelBuilder was given and runs it on the CPU (its registered KV buffers standin
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from contextlib import contextmanager
@@ -73,13 +81,15 @@ class ModelBuilder:
             if u.written and not (u.read and u.from_old):
                 raise DoubleRejects(f"{tag}: buffer {name} is written without reading its old value: "
                                     f"it would not be linked as device state")
-        state = [MetaTensor("INPUT_STATE", n.encode()) for n, u in uses.items() if u.read]
+        state = [MetaTensor("INPUT_STATE", n.encode()) for n, u in uses.items() if u.written]
+        weights += [n for n, u in uses.items() if u.read and not u.written]  # read-only: a weight
+        weights = device_copies(self.model, weights)
         inputs = [(tuple(a.shape), a.dtype) for a in args]
         # the module's own trace-time switches (e.g. which decode variant): the compiled graph keeps them
         switches = {"candidates": getattr(self.model, "candidates", None)}
         self.trace_artifacts_collection[tag] = TraceArtifacts(
-            {w: i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state), inputs,
-            switches)
+            {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),
+            inputs, switches)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -88,13 +98,19 @@ class ModelBuilder:
             raise DoubleRejects("compile() without max_workers runs one neuronx-cc per graph at once")
         if isinstance(compiler_args, dict) and set(compiler_args) != set(self.trace_artifacts_collection):
             raise DoubleRejects("compiler_args must name every traced graph")
-        CALLS.append(("compile", dict(compiler_args), compiler_workdir, max_workers))
+        flags = dict(compiler_args) if isinstance(compiler_args, dict) else compiler_args  # a str: every graph
+        CALLS.append(("compile", flags, compiler_workdir, max_workers))
         return FakeNxDModel(self.model, self.trace_artifacts_collection)
 
 
 class FakeNxDModel:
     def __init__(self, module, traces):
         self.module, self.traces, self.weights, self.on_device = module, traces, None, False
+        names = list(inspect.signature(module.forward).parameters)
+        self.routes: dict[str, list[str]] = {}
+        for tag, t in traces.items():
+            self.routes.setdefault(route_key(names, [s for s, _ in t.inputs]), []).append(tag)
+        self.arg_names = names
 
     def save(self, path, save_weights=False):
         SAVED[path] = self
@@ -107,7 +123,7 @@ class FakeNxDModel:
         return SAVED[path]
 
     def set_weights(self, per_rank):
-        traced = set().union(*(t.weight_name_to_idx for t in self.traces.values()))
+        traced = set().union(*({k.replace("->", ".") for k in t.weight_name_to_idx} for t in self.traces.values()))
         for r, w in enumerate(per_rank):
             if set(w) != traced:
                 raise DoubleRejects(f"rank {r} weights differ from the traced names: missing "
@@ -117,9 +133,11 @@ class FakeNxDModel:
         state = {k: v.clone() for k, v in per_rank[0].items()}
         state.update({n: torch.zeros_like(getattr(self.module, n)) for n in self.module.kv_names})
         missing, unexpected = self.module.load_state_dict(state, strict=False)
-        tied = {k for k in missing if k.endswith("lm_head.weight") or k.endswith("lm_head.embedding.weight")}
-        if set(missing) - tied or unexpected:
-            raise DoubleRejects(f"weights do not cover the module: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        aliases = aliases_of(self.module)
+        uncovered = [k for k in missing if not aliases.get(k, set()) & set(state)]
+        if uncovered or unexpected:
+            raise DoubleRejects(f"weights do not cover the module: missing {uncovered[:4]}, "
+                                f"unexpected {unexpected[:4]}")
 
     def to_neuron(self):
         if self.weights is None:
@@ -130,14 +148,54 @@ class FakeNxDModel:
     def forward(self, *args, model_name=None, forward_mode="default"):
         if not self.on_device:
             raise DoubleRejects("to_neuron() must come before forward")
-        if [(tuple(a.shape), a.dtype) for a in args] != self.traces[model_name].inputs:
-            raise DoubleRejects(f"inputs differ from the traced {model_name}")
-        CALLS.append(("forward", model_name))
-        for name, value in (self.traces[model_name].switches or {}).items():
+        tags = self.routes.get(route_key(self.arg_names, [tuple(a.shape) for a in args]))
+        if not tags:
+            raise DoubleRejects(f"no traced graph takes inputs of these names and shapes: "
+                                f"{[tuple(a.shape) for a in args]}")
+        if model_name is None and len(tags) > 1:
+            raise DoubleRejects(f"inputs match {tags}: model_name is required")
+        tag = model_name if model_name is not None else tags[0]
+        if tag not in tags:
+            raise DoubleRejects(f"model_name {tag!r} does not take these inputs (they route to {tags})")
+        if [(tuple(a.shape), a.dtype) for a in args] != self.traces[tag].inputs:
+            raise DoubleRejects(f"inputs differ from the traced {tag}")
+        CALLS.append(("forward", tag))
+        for name, value in (self.traces[tag].switches or {}).items():
             if value is not None:
                 setattr(self.module, name, value)
         with torch.no_grad():
             return self.module(*args)
+
+
+def route_key(names, shapes) -> str:
+    """NxDModel's route key: '(name: [shape], ...)' over the arguments given, in signature order."""
+    return "(" + ", ".join(f"{n}: {list(s)}" for n, s in zip(names, shapes)) + ")"
+
+
+def device_copies(module, weights: list[str]) -> list[str]:
+    """The weights as the device holds them: a tensor set on two different modules (a Parameter tie made
+    before the move) is one weight per module; a module reached by two paths is one weight."""
+    owners: dict[int, dict[int, str]] = {}  # tensor -> owning module -> its first name
+    for prefix, m in module.named_modules(remove_duplicate=False):
+        for tname, t in list(m._parameters.items()) + list(m._buffers.items()):
+            if t is not None:
+                owners.setdefault(id(t), {}).setdefault(id(m), f"{prefix}.{tname}" if prefix else tname)
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    out: list[str] = []
+    for w in weights:
+        names = owners[id(tensors[w])].values() if w in tensors else [w]
+        out += [n for n in names if n not in out]
+    return out
+
+
+def aliases_of(module) -> dict[str, set[str]]:
+    """State-dict name -> every other name of the same tensor object (a module reached by two paths)."""
+    by_id: dict[int, set[str]] = {}
+    for n, t in list(module.named_parameters(remove_duplicate=False)) + list(
+            module.named_buffers(remove_duplicate=False)):
+        by_id.setdefault(id(t), set()).add(n)
+    return {n: names - {n} for names in by_id.values() for n in names}
 
 
 def _identity(x):

@@ -1,0 +1,114 @@
+"""`python -m compile hlo`: each graph's HLO text from the xla twin (the module `compile build --backend neuron`
+traces, lowered by torch-xla 2.9, the lowering torch-neuronx 2.9 uses), plus an audit of it, so the first
+inf2 run can diff them against neuronx-cc's `graph.hlo`.
+
+    python -m compile hlo --model DIR --out DIR [--batch B --max-context N --prefill-buckets 16,32 --dtype D]
+
+writes `<tag>.hlo.txt` per graph (prefill buckets, then both decode graphs) and `audit.json`; prints one line per graph.
+The audit (`audit`) reads the ENTRY computation: the op inventory, 64-bit types, the largest literal
+constants, and how each KV buffer is written (a scatter of one position per row in decode, never a select
+over the whole buffer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+# `%name = type[dims]{layout} op(`; tuple-typed results (`(f32[..], ...)`) are not matched, and need not be
+INSTR = re.compile(r"^\s*(?:ROOT )?%\S+ = ([a-z]+\d*)\[([\d,]*)\](?:\{[^}]*\})? ([a-z][\w-]*)\((.*)$")
+OPERAND = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
+WIDE = ("f64", "s64", "u64", "c128")
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in text.split(",") if d)
+
+
+def entry_lines(hlo: str) -> list[str]:
+    """The instructions of the ENTRY computation (the graph itself, not reducers / combiners)."""
+    lines, inside = [], False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY "):
+            inside = True
+        elif inside and line.startswith("}"):
+            break
+        elif inside:
+            lines.append(line)
+    return lines
+
+
+def audit(hlo: str, kv_shapes: list[tuple[int, ...]]) -> dict:
+    """Facts about one graph's HLO. `kv_shapes`: the KV buffers' shapes (one per buffer, repeats allowed)."""
+    ops: dict[str, int] = {}
+    wide: dict[str, int] = {}  # 64-bit type -> largest element count seen
+    constants: list[tuple[str, int]] = []
+    kv = {tuple(s) for s in kv_shapes}
+    kv_selects, kv_scatters, kv_params = 0, [], 0
+    for line in entry_lines(hlo):
+        m = INSTR.match(line)
+        if not m:
+            continue
+        ty, dims, op, rest = m.group(1), _dims(m.group(2)), m.group(3), m.group(4)
+        ops[op] = ops.get(op, 0) + 1
+        n = math.prod(dims)
+        for t, d in [(ty, dims)] + [(t, _dims(d)) for t, d in OPERAND.findall(rest)]:
+            if t in WIDE:
+                wide[t] = max(wide.get(t, 0), math.prod(d))
+        if op == "constant":
+            constants.append((f"{ty}[{m.group(2)}]", n))
+        if dims in kv and ty not in ("pred",) and not ty.startswith("s"):
+            if op == "select":
+                kv_selects += 1
+            elif op == "scatter":
+                operands = OPERAND.findall(rest)
+                update = _dims(operands[2][1]) if len(operands) >= 3 else ()
+                kv_scatters.append(math.prod(update))
+            elif op == "parameter":
+                kv_params += 1
+    constants.sort(key=lambda c: -c[1])
+    return {"ops": dict(sorted(ops.items(), key=lambda kv_: (-kv_[1], kv_[0]))), "wide": wide,
+            "largest_constants": constants[:3], "constant_elements": sum(n for _, n in constants),
+            "kv_parameters": kv_params, "kv_selects": kv_selects, "kv_scatter_update_elements": kv_scatters}
+
+
+def graph_hlos(backend) -> dict[str, str]:
+    """tag -> HLO text of every graph of an `XlaBackend` (prefill buckets, then `decode_logits` and the top-K
+    `decode`), traced with zero host inputs as `compile build` traces them; nothing runs."""
+    from neuron_workers.model.spec import DECODE, PREFILL
+
+    specs = [backend.spec(PREFILL, b) for b in backend.buckets] + [backend.spec(DECODE)]
+    specs += [backend.spec(DECODE, 1, backend.candidates)] if backend.candidates else []
+    return {s.tag: backend.hlo(s, tuple(t.zeros() for t in s.host_inputs)) for s in specs}
+
+
+def kv_shapes(backend) -> list[tuple[int, ...]]:
+    from neuron_workers.model.spec import DECODE
+
+    return [t.shape for t in backend.spec(DECODE).kv_inputs]
+
+
+def write_hlo(cfg, out_dir: str | Path, progress=print) -> dict[str, dict]:
+    """Write every graph's HLO and `audit.json` for `cfg` (an EngineConfig of the xla backend)."""
+    from neuron_workers.factory import build_engine
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = build_engine(cfg)
+    try:
+        backend = engine.backend
+        shapes, report = kv_shapes(backend), {}
+        for tag, text in graph_hlos(backend).items():
+            (out / f"{tag}.hlo.txt").write_text(text)
+            a = report[tag] = audit(text, shapes)
+            biggest = a["largest_constants"][0] if a["largest_constants"] else ("none", 0)
+            progress(f"{tag}: {sum(a['ops'].values())} instructions, {a['ops'].get('parameter', 0)} parameters, "
+                     f"64-bit {a['wide'] or 'none'}, largest constant {biggest[0]}, KV: "
+                     f"{len(a['kv_scatter_update_elements'])} scatters, {a['kv_selects']} whole-buffer selects")
+    finally:
+        engine.close()
+    (out / "audit.json").write_text(json.dumps(report, indent=1))
+    progress(f"wrote {len(report)} graphs and audit.json to {out}")
+    return report

@@ -1,0 +1,94 @@
+"""An HLO audit of every graph the Neuron build traces, as torch-xla 2.9 lowers it (tier `-m xla`), for the
+three tiny structures at batch 3 (bf16, as a neuron build):
+- no f64 anywhere, and s64 only as the one-element prefill slot index (`index_copy` takes int64 only;
+  neuronx-cc narrows int64 to int32);
+- constants small: no weight baked in (every weight and KV buffer is a parameter), far from protobuf's 2 GB;
+- decode writes one position per row into every KV buffer (a scatter of B x H x D elements) and never selects
+  over a whole KV buffer; prefill writes one row (a scatter of one slot);
+- the tied embedding is one parameter, not two copies;
+- `python -m compile hlo` writes each graph's text and the audit (the op inventory) for the first inf2 run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from compile.__main__ import main as compile_main
+from compile.hlo import audit, graph_hlos, kv_shapes
+from neuron_workers.config import EngineConfig
+from neuron_workers.factory import build_engine
+
+from conftest import NAMES
+
+pytestmark = pytest.mark.xla
+pytest.importorskip("torch_xla")
+
+BATCH, CTX, BUCKETS = 3, 64, (16, 32)
+MAX_CONSTANT_ELEMENTS = 4096  # the whole graph's literals; a baked weight or arange(max_context) breaks it
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def graphs(request, tiny_dirs):
+    eng = build_engine(EngineConfig(model=str(tiny_dirs[request.param]), backend="xla", max_context=CTX,
+                                    prefill_buckets=BUCKETS, max_batch=BATCH, dtype="bfloat16"))
+    yield eng.backend, graph_hlos(eng.backend)
+    eng.close()
+
+
+def test_every_graph_passes_the_audit(graphs):
+    backend, hlos = graphs
+    shapes = kv_shapes(backend)
+    assert list(hlos) == ["prefill_16", "prefill_32", "decode_logits", "decode"]
+    for tag, text in hlos.items():
+        a = audit(text, shapes)
+        s64_allowed = 0 if tag.startswith("decode") else 1  # prefill: the one-element slot index
+        assert "f64" not in a["wide"] and a["wide"].get("s64", 0) <= s64_allowed, (tag, a["wide"])
+        assert a["constant_elements"] <= MAX_CONSTANT_ELEMENTS, (tag, a["largest_constants"])
+        assert a["kv_parameters"] == len(shapes) and a["kv_selects"] == 0, tag
+        b, h, _, d = zip(*shapes)
+        if tag.startswith("decode"):  # one position per row: B x H x D elements into each buffer
+            assert a["kv_scatter_update_elements"] == [bb * hh * dd for bb, hh, dd in zip(b, h, d)]
+        else:  # one row (slot) of each buffer: the prompt (full) or the ring (sliding)
+            assert a["kv_scatter_update_elements"] == [math.prod(s) // BATCH for s in shapes]
+
+
+def test_the_tied_embedding_is_one_parameter(graphs):
+    backend, hlos = graphs
+    vocab, hidden = backend.module.lm.model.embed_tokens.weight.shape
+    for tag, text in hlos.items():
+        assert text.count(f"bf16[{vocab},{hidden}]{{1,0}} parameter(") == 1, tag
+
+
+def test_the_old_whole_buffer_decode_write_fails_the_audit(graphs, monkeypatch):
+    """The audit can fail: the decode write it replaced (torch.where over the whole buffer) is caught."""
+    from neuron_workers.model import graphs as graph_code
+
+    def where_update(self, k, v, layer_idx, *args, **kwargs):
+        j = self.index[layer_idx]
+        n = self.kv[j].shape[2]
+        hot = (torch.arange(n, device=k.device)[None, :] == self.pos % n)[:, None, :, None]
+        self.kv[j], self.kv[j + 1] = torch.where(hot, k, self.kv[j]), torch.where(hot, v, self.kv[j + 1])
+        return self.kv[j], self.kv[j + 1]
+
+    backend, _ = graphs
+    monkeypatch.setattr(graph_code.DecodeKV, "update", where_update)
+    spec = backend.spec("decode")
+    a = audit(backend.hlo(spec, tuple(t.zeros() for t in spec.host_inputs)), kv_shapes(backend))
+    assert a["kv_selects"] == len(kv_shapes(backend)) and a["kv_scatter_update_elements"] == []
+    assert a["wide"].get("s64", 0) > 1  # torch.arange is int64
+
+
+def test_compile_hlo_writes_each_graph_and_the_audit(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "hlo"
+    assert compile_main(["hlo", "--model", str(tiny_dirs["gemma4-e2b-tiny"]), "--out", str(out), "--batch", "2",
+                         "--max-context", "64", "--prefill-buckets", "32"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["audit.json", "decode.hlo.txt", "decode_logits.hlo.txt",
+                                                      "prefill_32.hlo.txt"]
+    report = json.loads((out / "audit.json").read_text())
+    assert report["decode"]["kv_selects"] == 0 and report["decode"]["ops"]["scatter"] == 12
+    assert (out / "decode.hlo.txt").read_text().startswith("HloModule ")
+    assert "decode: " in capsys.readouterr().out
