@@ -97,3 +97,23 @@ def deploy(app_args: dict, name: str, base: str) -> str:
 
     serve.run(build_app(AppArgs(**app_args)), name=name, route_prefix=f"/{name}")
     return f"{base}/{name}/v1"
+
+
+def inf2_config_copy(tmp_path, edit=None):
+    """configs/inf2.yaml with each model's checkpoint directory replaced by one holding its real config."""
+    import yaml
+
+    root = tmp_path / "proj"
+    (root / "configs").mkdir(parents=True)
+    doc = yaml.safe_load((CONFIGS.parent / "inf2.yaml").read_text())
+    sizes = {"gemma-4-e2b": "E2B", "gemma-4-e4b": "E4B", "gemma-4-12b": "12B"}
+    for m in doc["applications"][0]["args"]["models"]:
+        d = root / "models" / m["name"]
+        d.mkdir(parents=True)
+        (d / "config.json").write_text((CONFIGS / f"gemma-4-{sizes[m['name']]}.text_config.json").read_text())
+        m["path"] = str(d)
+        if edit:
+            edit(m)
+    path = root / "configs" / "inf2.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, doc
