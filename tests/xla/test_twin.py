@@ -76,14 +76,29 @@ def test_fp32_tokens_equal_the_cpu_backend_with_one_program_per_graph(name, tiny
     assert [c[0] for c in xla.backend.calls] == [c[0] for c in cpu.backend.calls]
     worst = max((a - b).abs().max().item() for (_, a), (_, b) in zip(xla.backend.calls, cpu.backend.calls))
     assert worst < 1e-2, worst  # fp32 sums in another order; tokens are the real check
-    twin = xla.backend.inner
-    tags = {t for t in twin.graph_hashes}
-    assert tags == {"prefill_16", "prefill_32", "decode"}
-    assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
-    assert all(n <= 1 for n in twin.compiles.values()) and twin.calls["decode"] > 10, (twin.compiles, twin.calls)
-    assert twin.fallback_ops() == {}
+    assert_one_program_per_graph(xla.backend.inner, "decode_logits")  # the recorder asks for the full logits
     xla.close()
     cpu.close()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_tokens_through_the_top_k_decode_graph_equal_the_cpu_backend(name, tiny_dirs):
+    """Without a recorder the engine decodes through `decode`, the graph that returns each row's top-K
+    candidates (greedy rows read candidate 0): the same tokens as the CPU backend's own `decode` graph."""
+    cpu, xla = engine(tiny_dirs[name], "cpu", "float32"), engine(tiny_dirs[name], "xla", "float32")
+    cpu.backend, xla.backend = cpu.backend.inner, xla.backend.inner
+    assert xla.backend.candidates > 0
+    assert run_staggered(xla) == run_staggered(cpu)
+    assert_one_program_per_graph(xla.backend, "decode")
+    xla.close()
+    cpu.close()
+
+
+def assert_one_program_per_graph(twin, decode_tag: str) -> None:
+    assert set(twin.graph_hashes) == {"prefill_16", "prefill_32", decode_tag}
+    assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
+    assert all(n <= 1 for n in twin.compiles.values()) and twin.calls[decode_tag] > 10, (twin.compiles, twin.calls)
+    assert twin.fallback_ops() == {}
 
 
 @pytest.mark.parametrize("name", NAMES)
