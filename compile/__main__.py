@@ -36,7 +36,7 @@ def _ints(text: str) -> list[int]:
 def parse(argv):
     ap = argparse.ArgumentParser(prog="python -m compile", description="Compile and plan Gemma-4 graphs for inf2")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="trace and compile the prefill buckets and the decode graph")
+    b = sub.add_parser("build", help="trace and compile the prefill buckets and the two decode graphs")
     b.add_argument("--model", help="checkpoint directory (with --config: a model name in it)")
     b.add_argument("--config", help="a serve YAML (configs/inf2.yaml): build its models as it serves them")
     b.add_argument("--tp", type=int, default=1)

@@ -1,7 +1,8 @@
 """Runtime worker for Gemma-4 text models. Subpackages, in the order a request meets them going down:
 
   engine/     continuous batching: engine, scheduler, sequences, sampling, detokenizer, stops, loop thread
-  backends/   what runs the graphs: cpu, cpu_tp (gloo), neuron (NxD), all on `backends.base.GraphBackend`
+  backends/   what runs the graphs: cpu, cpu_tp (gloo), xla (torch-xla), neuron (NxD), all on
+              `backends.base.GraphBackend`
   model/      checkpoint loading, dims, graph specs, graph modules, host inputs, the PLE table
   parallel/   tensor parallelism: shard plan, collectives, TP layers
   artifacts/  the compiled-artifact manifest and serving from artifacts

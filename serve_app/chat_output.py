@@ -12,9 +12,9 @@ from serve_app.tool_parsers.gemma4 import Gemma4ToolParser
 
 
 class ChatOutput:
-    def __init__(self, tool_names=None, thinking: bool = False):
+    def __init__(self, tool_names=None, thinking: bool = False, parallel_tool_calls: bool = True):
         self.reasoning = ReasoningParser() if thinking else None
-        self.tools = Gemma4ToolParser(tool_names)
+        self.tools = Gemma4ToolParser(tool_names, max_calls=None if parallel_tool_calls else 1)
         self.content: list[str] = []
         self.thoughts: list[str] = []
 

@@ -190,4 +190,6 @@ def tool_grammar(tools: list[dict], names: list[str], parallel: bool = True, thi
              f"call: <|tool_call> \"call:\" ({' | '.join(calls)}) <tool_call|>", *rules]
     if thinking:
         lines += ["thought: <|channel> THOUGHT <channel|>", "THOUGHT: /(.|\\n)*/"]
-    return LLMatcher.grammar_from_lark("\n".join(lines) + "\n")
+    g = LLMatcher.grammar_from_lark("\n".join(lines) + "\n")
+    check(g, "tools")  # e.g. minimum > maximum in an argument's schema: a 400 here, before any replica
+    return g

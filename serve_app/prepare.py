@@ -5,7 +5,11 @@ tokens for the router's parsers. Also the logprob entries the replica streams ba
 
 from __future__ import annotations
 
+import weakref
+
 from serve_app.events import GenerateRequest
+
+_TEXTS: "weakref.WeakKeyDictionary[object, dict[int, str]]" = weakref.WeakKeyDictionary()
 
 
 def chat_ids(engine, req: GenerateRequest) -> list[int]:
@@ -25,7 +29,14 @@ def sequence_options(engine, req: GenerateRequest) -> dict:
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False) if tokenizer is not None else str(token_id)
+    """A token's own text, decoded once per tokenizer and token (logprobs ask for it per token per step)."""
+    if tokenizer is None:
+        return str(token_id)
+    texts = _TEXTS.setdefault(tokenizer, {})
+    text = texts.get(token_id)
+    if text is None:
+        text = texts[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
+    return text
 
 
 def logprob_entry(tokenizer, ev) -> dict:

@@ -127,7 +127,7 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None  # tool results
     name: str | None = None
 
-    @field_validator("content")
+    @field_validator("content", "tool_call_id", "name")
     @classmethod
     def _utf8(cls, v):
         return utf8(v)

@@ -7,12 +7,30 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from serve_app.constraints import ConstraintError, json_grammar, tool_grammar
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+def text_only(v):
+    """Refuse any string (keys included, at any depth) that is not valid Unicode text: a lone surrogate
+    such as "\\ud800" cannot reach the tokenizer as UTF-8."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("contains an unpaired surrogate (not valid Unicode text)") from None
+        elif isinstance(x, dict):
+            stack += [*x.keys(), *x.values()]
+        elif isinstance(x, list):
+            stack += x
+    return v
 
 
 class FunctionDef(BaseModel):
@@ -22,6 +40,8 @@ class FunctionDef(BaseModel):
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
+
+    _text = field_validator("description", "parameters")(text_only)
 
 
 class Tool(BaseModel):
@@ -50,6 +70,8 @@ class FunctionCall(BaseModel):
     name: str = Field(pattern=NAME)
     arguments: str
 
+    _text = field_validator("arguments")(text_only)
+
 
 class ToolCall(BaseModel):
     model_config = STRICT
@@ -57,6 +79,8 @@ class ToolCall(BaseModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
+
+    _text = field_validator("id")(text_only)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -83,8 +107,29 @@ class TemplateKwargs(BaseModel):
     enable_thinking: bool = False
 
 
+MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES = 64, 20_000  # bounds on what the checkers and grammar builders walk
+
+
+def schema_shape(schema) -> tuple[int, int]:
+    """(nesting depth, number of values) of a JSON value, walked without recursion."""
+    depth, nodes, stack = 0, 0, [(schema, 1)]
+    while stack:
+        v, d = stack.pop()
+        nodes, depth = nodes + 1, max(depth, d)
+        if isinstance(v, dict):
+            stack += [(x, d + 1) for x in v.values()]
+        elif isinstance(v, list):
+            stack += [(x, d + 1) for x in v]
+    return depth, nodes
+
+
 def check_schema(schema: dict, param: str) -> None:
-    """Refuse what is not a JSON Schema at all (a wrong `type`, a non-list `required`...)."""
+    """Refuse what is not a JSON Schema at all (a wrong `type`, a non-list `required`...), or is too deep or
+    too large to check and compile (a recursion in the checker would be a 500, not the user's 400)."""
+    depth, nodes = schema_shape(schema)
+    if depth > MAX_SCHEMA_DEPTH or nodes > MAX_SCHEMA_NODES:
+        raise ConstraintError(param, f"the schema is too large: nesting depth {depth} (at most {MAX_SCHEMA_DEPTH}), "
+                                     f"{nodes} values (at most {MAX_SCHEMA_NODES})")
     try:
         import jsonschema
     except ImportError:  # llguidance still refuses what it cannot compile
@@ -93,6 +138,8 @@ def check_schema(schema: dict, param: str) -> None:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as e:
         raise ConstraintError(param, f"invalid JSON Schema: {e.message}") from None
+    except RecursionError:
+        raise ConstraintError(param, "the schema is too deeply nested to check") from None
 
 
 def tool_names(tools: list[Tool] | None) -> list[str]:
@@ -126,7 +173,10 @@ def grammar_for(tools, choice, parallel: bool, response_format: ResponseFormat |
     if forced:
         names = [choice.function.name] if isinstance(choice, NamedToolChoice) else tool_names(tools)
         dumped = [t.model_dump() for t in tools]
-        return tool_grammar(dumped, names, parallel=parallel and choice == "required", thinking=thinking), "tools"
+        try:
+            return tool_grammar(dumped, names, parallel=parallel and choice == "required", thinking=thinking), "tools"
+        except RecursionError:  # e.g. an object with thousands of optional properties
+            raise ConstraintError("tools", "a tool's parameters are too large to constrain a call to") from None
     if fmt == "json_object":
         return json_grammar({"type": "object"}), "response_format"
     if fmt == "json_schema":
@@ -149,10 +199,14 @@ def history(messages) -> tuple[dict, ...]:
             for c in m.tool_calls:
                 try:
                     args = json.loads(c.function.arguments) if c.function.arguments.strip() else {}
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, RecursionError):
                     raise ConstraintError("messages", f"tool call {c.id}: arguments are not JSON") from None
                 if not isinstance(args, dict):
                     raise ConstraintError("messages", f"tool call {c.id}: arguments must be a JSON object")
+                try:
+                    text_only(args)  # JSON escapes such as "\\ud800" decode to lone surrogates
+                except ValueError as e:
+                    raise ConstraintError("messages", f"tool call {c.id}: arguments {e}") from None
                 names[c.id] = c.function.name
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name,
                                                                            "arguments": args}})

@@ -39,7 +39,7 @@ class Output:
         self.rid, self.model, self.chat = rid, body.model, chat
         self.want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
         parse = chat and (body.tools or body.thinking)
-        self.parser = ChatOutput(body.parsed_tools, body.thinking) if parse else None
+        self.parser = ChatOutput(body.parsed_tools, body.thinking, body.parallel_tool_calls) if parse else None
         self.logprobs = chat_logprobs if chat else CompletionLogprobs()
 
     def _chunk(self, delta: dict | str, finish, logprobs=None) -> dict:

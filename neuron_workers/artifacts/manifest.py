@@ -13,7 +13,7 @@ from pathlib import Path
 from neuron_workers.errors import UserError
 
 MANIFEST = "manifest.json"
-FORMAT = 2
+FORMAT = 3  # 3: `decode` is the top-K candidates graph, `decode_logits` the full-logits one
 VERSIONED = {"cpu": ("torch", "transformers"),
              "neuron": ("torch", "transformers", "torch-neuronx", "neuronx-cc", "neuronx-distributed",
                         "libneuronxla", "torch-xla")}
@@ -84,3 +84,6 @@ class Manifest:
             if versions.get(pkg) != built:
                 raise UserError(f"artifacts were built with {pkg} {built}, installed is {versions.get(pkg)}: "
                                 f"rebuild them or install {pkg}=={built}")
+        want = {f"prefill_{b}" for b in self.prefill_buckets} | {"decode", "decode_logits"}
+        if want - set(self.graphs):
+            raise UserError(f"artifacts lack the graphs {sorted(want - set(self.graphs))}: rebuild them")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from typing import Iterator
 
 import torch
@@ -40,6 +41,7 @@ class Engine:
         self.batch = DecodeBatch(backend.spec(DECODE), model.ple)
         self.scheduler = Scheduler(self.max_batch, prefill_tokens_per_step or max(backend.buckets))
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
+        self._grammars, self._grammars_lock = None, threading.Lock()
 
     @property
     def sampling_defaults(self) -> dict:
@@ -89,10 +91,14 @@ class Engine:
                 f"{max_tokens} new tokens were asked for ({n_prompt + max_tokens} in all)",
                 param="max_tokens" if n_prompt < self.max_context else "prompt")
 
-    @functools.cached_property
+    @property
     def grammars(self) -> Grammars:
-        """Grammar compilation for constrained rows (`compile` is thread-safe: call it off the engine thread)."""
-        return Grammars(self.tokenizer, self.dims.vocab_size, self.model.eos_token_ids)
+        """Grammar compilation for constrained rows (`compile` is thread-safe: call it off the engine thread).
+        Made once under a lock: replica worker threads and the warm-up thread ask for it at once."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, self.dims.vocab_size, self.model.eos_token_ids)
+        return self._grammars
 
     @functools.cached_property
     def _bitmask(self):

@@ -85,10 +85,7 @@ class Grammars:
             if proto is not None:
                 self.cache.move_to_end(grammar)
                 return RowGrammar(proto.deep_copy())
-        err = LLMatcher.validate_grammar(grammar, tok)
-        if err:
-            raise UserError(f"the grammar cannot be used for constrained decoding: {err}", param=param)
-        proto = LLMatcher(tok, grammar, log_level=0)
+        proto = LLMatcher(tok, grammar, log_level=0)  # never raises: a bad grammar is an error state
         if proto.is_error():
             raise UserError(f"the grammar cannot be used for constrained decoding: {proto.get_error()}",
                             param=param)

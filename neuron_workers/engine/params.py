@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from neuron_workers.errors import UserError
 
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -30,4 +32,6 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below GREEDY_BELOW are greedy (vLLM's rule): dividing fp32 logits by 1e-300 makes
+        inf, then NaN probabilities, and an arbitrary token."""
+        return self.temperature < GREEDY_BELOW

@@ -117,8 +117,8 @@ class Gemma4ToolParser:
     """Streaming: `feed(text)` and finally `flush()` return OpenAI deltas ({"content": ...} or
     {"tool_calls": [...]}); `calls` holds the finished calls in OpenAI's message shape."""
 
-    def __init__(self, tool_names=None, strip=CONTROL):
-        self.names = set(tool_names or ())
+    def __init__(self, tool_names=None, strip=CONTROL, max_calls: int | None = None):
+        self.names, self.max_calls = set(tool_names or ()), max_calls  # max_calls 1: parallel_tool_calls false
         markers = set(strip) | ({OPEN, CLOSE} if self.names else set())
         self.split = Splitter(markers)
         self.strip = set(strip) | {CLOSE}
@@ -159,8 +159,8 @@ class Gemma4ToolParser:
             name, args = parse_call(body)
         except CallSyntaxError:
             return [{"content": OPEN + body + CLOSE}]
-        if name not in self.names:
-            return [{"content": OPEN + body + CLOSE}]
+        if name not in self.names or self.max_calls is not None and len(self.calls) >= self.max_calls:
+            return [{"content": OPEN + body + CLOSE}]  # not a call we may return: kept as text, never dropped
         call = {"id": new_call_id(), "type": "function",
                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
         index = len(self.calls)

@@ -3,6 +3,8 @@ that could start a marker is held back until the next chunk (or `flush`) decides
 
 from __future__ import annotations
 
+import re
+
 # Gemma-4's control tokens as the detokenizer writes them (special tokens kept)
 CONTROL = ("<eos>", "<pad>", "<bos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
            "<|tool_response>", "<tool_response|>", '<|"|>', "<|think|>", "<|channel>", "<channel|>", "<|image>",
@@ -12,20 +14,19 @@ CONTROL = ("<eos>", "<pad>", "<bos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>"
 class Splitter:
     def __init__(self, markers):
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
+        # one pass over the text: leftmost match, the longest marker first at a position
+        self.pattern = re.compile("|".join(map(re.escape, self.markers)))
         self.held = ""
 
     def feed(self, text: str) -> list[tuple[bool, str]]:
         """[(is_marker, piece)] for what `text` (after what was held) settles."""
-        s, out = self.held + text, []
-        while True:
-            hits = [(i, -len(m), m) for m in self.markers if (i := s.find(m)) >= 0]
-            if not hits:
-                break
-            i, _, m = min(hits)
-            if i:
-                out.append((False, s[:i]))
-            out.append((True, m))
-            s = s[i + len(m):]
+        s, out, pos = self.held + text, [], 0
+        for m in self.pattern.finditer(s):
+            if m.start() > pos:
+                out.append((False, s[pos:m.start()]))
+            out.append((True, m.group()))
+            pos = m.end()
+        s = s[pos:]
         keep = max((n for m in self.markers for n in range(min(len(m) - 1, len(s)), 0, -1)
                     if s.endswith(m[:n])), default=0)
         self.held = s[len(s) - keep:] if keep else ""

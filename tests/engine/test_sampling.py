@@ -134,3 +134,13 @@ def test_masked_and_logprob_rows_beside_plain_rows():
         assert [t for t, _ in got[3].top] == lp.topk(3).indices.tolist()
     nothing = torch.zeros_like(mask)
     assert sample_rows(logits, [Row(0, greedy, None, nothing)], 30.0)[0].error
+
+
+def test_a_vanishing_temperature_is_greedy():
+    from neuron_workers.engine.sampling import Row, make_generator, sample_rows
+
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(2)) * 4
+    for t in (1e-300, 1e-9):
+        p = SamplingParams(temperature=t, top_k=5)
+        rows = [Row(r, p, make_generator(1)) for r in range(3)]
+        assert [s.token for s in sample_rows(logits, rows, 30.0)] == logits.argmax(dim=1).tolist()

@@ -50,6 +50,14 @@ def raw(port: int, data: bytes) -> socket.socket:
     return s
 
 
+def read_until(s: socket.socket, marker: bytes) -> bytes:
+    """What the server sent until `marker` arrived or it closed the connection (recv times out at 20 s)."""
+    out = b""
+    while marker not in out and (chunk := s.recv(65536)):
+        out += chunk
+    return out
+
+
 def read_until_closed(s: socket.socket) -> bytes:
     out = b""
     while chunk := s.recv(65536):
@@ -62,7 +70,7 @@ def slow_clients_are_turned_away(port: int) -> None:
     assert r.status_code == 431 and r.json()["error"]["code"] == "request_header_too_large"
     half_open = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           b"Content-Length: 100\r\n\r\n{")  # 99 bytes of body never come
-    head = half_open.recv(65536)
+    head = read_until(half_open, b"request_timeout")  # the head and the body may come in two segments
     assert head.startswith(b"HTTP/1.1 408") and b"request_timeout" in head, head
     half_open.close()
     idle = raw(port, b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive, then nothing

@@ -113,3 +113,15 @@ def test_parser_alone_streams_openai_deltas():
     first, args = deltas[1]["tool_calls"][0], deltas[2]["tool_calls"][0]
     assert first["index"] == 0 and first["function"] == {"name": "f", "arguments": ""} and first["id"]
     assert args == {"index": 0, "function": {"arguments": '{"a": 1}'}}
+
+
+def test_parallel_tool_calls_false_returns_one_call_and_keeps_the_rest_as_text():
+    from serve_app.chat_output import ChatOutput
+
+    out = ChatOutput(["f", "g"], parallel_tool_calls=False)
+    text = '<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:2}<tool_call|>'
+    out.feed(text)
+    out.flush()
+    msg = out.message()
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["f"]
+    assert msg["content"] == "<|tool_call>call:g{b:2}<tool_call|>"
