@@ -101,15 +101,20 @@ def test_json_object_and_a_tool_result_conversation(app):
     c = client(app)
     r = c.chat.completions.create(model="e2b", messages=MSGS, response_format={"type": "json_object"},
                                   max_tokens=120, temperature=0)
-    text = r.choices[0].message.content
+    text, finish = r.choices[0].message.content, r.choices[0].finish_reason
     assert text.startswith("{")
-    if r.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(text), dict)
+    # a random model may never close a free string: then it ran out of tokens, and only then
+    assert finish == "stop" and isinstance(json.loads(text), dict) or (
+        finish == "length" and r.usage.completion_tokens == 120), (finish, text)
     conv = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"}]
     r = c.chat.completions.create(model="e2b", messages=conv, tools=TOOLS, max_tokens=10, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 100
+    before = c.chat.completions.create(model="e2b", messages=MSGS, tools=TOOLS, max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens > before.usage.prompt_tokens + 10  # the call and its result were rendered
+    msg = r.choices[0].message
+    assert (r.choices[0].finish_reason == "tool_calls") == bool(msg.tool_calls)
+    assert msg.tool_calls or isinstance(msg.content, str)
 
 
 def test_thinking_keeps_control_tokens_out_of_content(app):
