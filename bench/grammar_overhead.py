@@ -18,9 +18,7 @@ The PLE table is the real E2B shape as a sparse file.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import struct
 import sys
 import tempfile
 import time
@@ -30,15 +28,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInDims, sparse_ple_file  # noqa: E402
+
 from neuron_workers.engine.engine import Engine  # noqa: E402
 from neuron_workers.engine.params import SamplingParams  # noqa: E402
-from neuron_workers.model.dims import SLIDING  # noqa: E402
 from neuron_workers.model.ple import PleTable  # noqa: E402
 from neuron_workers.model.spec import make_spec  # noqa: E402
 from serve_app.constraints import json_grammar, tool_grammar  # noqa: E402
 
-VOCAB, LAYERS, PLE_DIM, GOAL_MS = 262_144, 35, 256, 1.0
-KEY = "model.language_model.embed_tokens_per_layer.weight"
+GOAL_MS = 1.0
 # a record list the stand-in logits never finish (minItems), with bounded strings, enums and integers
 ROWS_SCHEMA = {"type": "array", "minItems": 5000, "items": {
     "type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -84,25 +82,6 @@ def byte_level_map() -> dict[int, str]:
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
 
 
-def sparse_ple_file(path: Path) -> Path:
-    nbytes = VOCAB * LAYERS * PLE_DIM * 2
-    header = json.dumps({KEY: {"dtype": "BF16", "shape": [VOCAB, LAYERS * PLE_DIM], "data_offsets": [0, nbytes]}})
-    header += " " * (-len(header) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header.encode())
-        f.truncate(8 + len(header) + nbytes)
-    return path
-
-
-class Dims:
-    vocab_size, num_layers, ple_dim, sliding_window = VOCAB, LAYERS, PLE_DIM, 512
-    final_logit_softcapping, kv_layers, layer_types = 30.0, (), (SLIDING,)
-
-    @staticmethod
-    def ring_size(max_context):
-        return min(512, max_context)
-
-
 class Backend:
     """Precomputed bf16 logits [8, vocab] (cycled) in place of the graphs."""
 
@@ -113,7 +92,7 @@ class Backend:
         self.i = 0
 
     def spec(self, phase, bucket=1):
-        return make_spec(Dims, phase, self.max_batch, bucket, self.max_context, torch.bfloat16)
+        return make_spec(StandInDims, phase, self.max_batch, bucket, self.max_context, torch.bfloat16)
 
     def prefill(self, bucket, inputs):
         return self.logits[0][:1]
@@ -155,7 +134,7 @@ def main() -> int:
         ple = PleTable(sparse_ple_file(Path(tmp) / "ple.safetensors"), KEY, LAYERS, PLE_DIM, torch.bfloat16)
 
         class Model:
-            dims, tokenizer, eos_token_ids = Dims, hf, (1, 106, 50)
+            dims, tokenizer, eos_token_ids = StandInDims, hf, (1, 106, 50)
             info = type("info", (), {"model_dir": "stand-in", "sampling_defaults": {}})
 
         Model.ple = ple

@@ -19,8 +19,6 @@ sampled, 2 ms at B=8/16/32; <= 1.0 meets it).
 from __future__ import annotations
 
 import argparse
-import json
-import struct
 import sys
 import tempfile
 import time
@@ -30,35 +28,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInDims, sparse_ple_file  # noqa: E402
+
 from neuron_workers.engine.engine import Engine  # noqa: E402
 from neuron_workers.engine.params import SamplingParams  # noqa: E402
-from neuron_workers.model.dims import SLIDING  # noqa: E402
 from neuron_workers.model.ple import PleTable  # noqa: E402
 from neuron_workers.model.spec import Candidates, make_spec  # noqa: E402
 
-VOCAB, LAYERS, PLE_DIM, K = 262_144, 35, 256, 256
+K = 256
 GOAL_MS = {"greedy": 0.25, "sampled": 0.5, "mixed": 2.0}
-
-
-def sparse_ple_file(path: Path) -> Path:
-    """A safetensors file holding a [262144, 8960] bf16 table, sparse on disk."""
-    key = "model.language_model.embed_tokens_per_layer.weight"
-    nbytes = VOCAB * LAYERS * PLE_DIM * 2
-    header = json.dumps({key: {"dtype": "BF16", "shape": [VOCAB, LAYERS * PLE_DIM], "data_offsets": [0, nbytes]}})
-    header += " " * (-len(header) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header.encode())
-        f.truncate(8 + len(header) + nbytes)
-    return path
-
-
-class StandInDims:
-    vocab_size, num_layers, ple_dim, sliding_window = VOCAB, LAYERS, PLE_DIM, 512
-    final_logit_softcapping, kv_layers, layer_types = 30.0, (), (SLIDING,)
-
-    @staticmethod
-    def ring_size(max_context):
-        return min(512, max_context)
 
 
 class StandInBackend:
@@ -130,7 +108,7 @@ def main() -> int:
                 b, [greedy] * (b // 2) + sampled[: b - b // 2], "mixed")
     with tempfile.TemporaryDirectory() as tmp:
         path = sparse_ple_file(Path(tmp) / "ple.safetensors")
-        ple = PleTable(path, "model.language_model.embed_tokens_per_layer.weight", LAYERS, PLE_DIM, torch.bfloat16)
+        ple = PleTable(path, KEY, LAYERS, PLE_DIM, torch.bfloat16)
 
         class Model:
             dims, tokenizer, eos_token_ids = StandInDims, build_tokenizer(), (1, 106, 50)
