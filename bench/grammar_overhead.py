@@ -28,12 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInDims, sparse_ple_file  # noqa: E402
+from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInBackend, StandInDims, sparse_ple_file  # noqa: E402
 
 from neuron_workers.engine.engine import Engine  # noqa: E402
 from neuron_workers.engine.params import SamplingParams  # noqa: E402
 from neuron_workers.model.ple import PleTable  # noqa: E402
-from neuron_workers.model.spec import make_spec  # noqa: E402
 from serve_app.constraints import json_grammar, tool_grammar  # noqa: E402
 
 GOAL_MS = 1.0
@@ -82,29 +81,6 @@ def byte_level_map() -> dict[int, str]:
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
 
 
-class Backend:
-    """Precomputed bf16 logits [8, vocab] (cycled) in place of the graphs."""
-
-    def __init__(self, max_batch=8, max_context=8192):
-        self.max_context, self.buckets, self.max_batch = max_context, (128,), max_batch
-        g = torch.Generator().manual_seed(0)
-        self.logits = [torch.randn(max_batch, VOCAB, generator=g).to(torch.bfloat16) for _ in range(16)]
-        self.i = 0
-
-    def spec(self, phase, bucket=1):
-        return make_spec(StandInDims, phase, self.max_batch, bucket, self.max_context, torch.bfloat16)
-
-    def prefill(self, bucket, inputs):
-        return self.logits[0][:1]
-
-    def decode(self, inputs):
-        self.i = (self.i + 1) % len(self.logits)
-        return self.logits[self.i]
-
-    def close(self):
-        pass
-
-
 def per_step_ms(engine, rows, steps: int) -> float:
     seqs = [engine.new_sequence(list(range(200, 264)), p, grammar=engine.grammars.compile(g) if g else None)
             for p, g in rows]
@@ -138,7 +114,7 @@ def main() -> int:
             info = type("info", (), {"model_dir": "stand-in", "sampling_defaults": {}})
 
         Model.ple = ple
-        engine = Engine(Model, Backend())
+        engine = Engine(Model, StandInBackend(8, max_context=8192))
         t = time.perf_counter()
         engine.grammars.tokenizer()
         print(f"llguidance tokenizer at n_vocab {VOCAB:,}: {(time.perf_counter() - t) * 1e3:.0f} ms (once per engine)")

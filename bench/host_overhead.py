@@ -28,46 +28,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInDims, sparse_ple_file  # noqa: E402
+from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInBackend, StandInDims, sparse_ple_file  # noqa: E402
 
 from neuron_workers.engine.engine import Engine  # noqa: E402
 from neuron_workers.engine.params import SamplingParams  # noqa: E402
 from neuron_workers.model.ple import PleTable  # noqa: E402
-from neuron_workers.model.spec import Candidates, make_spec  # noqa: E402
 
 K = 256
 GOAL_MS = {"greedy": 0.25, "sampled": 0.5, "mixed": 2.0}
-
-
-class StandInBackend:
-    """Returns precomputed bf16 logits [B, vocab] whose argmax is a token the small tokenizer can decode."""
-
-    def __init__(self, max_batch, candidates: bool, max_context=4096):
-        self.max_context, self.buckets, self.max_batch = max_context, (128,), max_batch
-        self.candidates = K if candidates else 0
-        g = torch.Generator().manual_seed(0)
-        self.logits = [torch.randn(max_batch, VOCAB, generator=g).to(torch.bfloat16) for _ in range(16)]
-        for i, z in enumerate(self.logits):
-            z[:, 300 + i * 7] = 12.0  # in range of the tiny tokenizer, above the rest
-        self.top = [Candidates(v, i.int()) for v, i in (z.topk(K, dim=1) for z in self.logits)]  # "on device"
-        self.i = 0
-
-    def spec(self, phase, bucket=1):
-        return make_spec(StandInDims, phase, self.max_batch, bucket, self.max_context, torch.bfloat16)
-
-    def prefill(self, bucket, inputs):
-        return self.logits[0][:1]
-
-    def decode(self, inputs):
-        self.i = (self.i + 1) % len(self.logits)
-        return self.logits[self.i]
-
-    def decode_candidates(self, inputs):
-        self.i = (self.i + 1) % len(self.top)
-        return self.top[self.i]
-
-    def close(self):
-        pass
 
 
 def per_step_ms(engine, params: list[SamplingParams], steps: int) -> float:
@@ -121,7 +89,7 @@ def main() -> int:
         for label, (batch, params, kind) in rows.items():
             ms = {}
             for cands in (True, False):
-                backend = StandInBackend(batch, cands)
+                backend = StandInBackend(batch, K if cands else 0, favour=True)
                 engine = Engine(Model, backend)
                 fn = backend.decode_candidates if cands else backend.decode
                 stand_in = min(timeit(fn) for _ in range(3))

@@ -21,38 +21,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from http_client import completion_text  # noqa: E402  (bench/, beside this script)
+
 
 def body(args, i):
     return {"model": args.model, "prompt": f"Request {i}: tell me a story about the sea number {i}",
             "max_tokens": args.tokens, "ignore_eos": True, "temperature": 0, "stream": args.stream}
 
 
-async def one(h, url, b):
-    if not b["stream"]:
-        r = await h.post(f"{url}/v1/completions", json=b)
-        r.raise_for_status()
-        return r.json()["choices"][0]["text"]
-    import json
-
-    text = []
-    async with h.stream("POST", f"{url}/v1/completions", json=b) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                ev = json.loads(line[6:])
-                text += [c["text"] for c in ev["choices"]]
-    return "".join(text)
-
-
 async def measure(url, bodies):
     import httpx
 
     async with httpx.AsyncClient(timeout=300) as h:
-        await one(h, url, bodies[0])  # warm-up
+        await completion_text(h, url, bodies[0])  # warm-up
         t = time.perf_counter()
-        solo = [await one(h, url, b) for b in bodies]
+        solo = [await completion_text(h, url, b) for b in bodies]
         t_solo = time.perf_counter() - t
         t = time.perf_counter()
-        together = await asyncio.gather(*(one(h, url, b) for b in bodies))
+        together = await asyncio.gather(*(completion_text(h, url, b) for b in bodies))
         t_together = time.perf_counter() - t
     return solo, t_solo, list(together), t_together
 

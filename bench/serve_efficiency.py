@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -24,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from http_client import completion_text  # noqa: E402  (bench/, beside this script)
+
 GOALS = {"concurrent": 0.8, "one at a time": 0.9}
 
 
@@ -47,19 +49,9 @@ def in_process(engine, texts, tokens, together: bool) -> tuple[float, list[list[
     return time.perf_counter() - t, ids
 
 
-async def one(h, url, model, text, tokens, stream):
-    body = {"model": model, "prompt": text, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
+def body(model, text, tokens, stream) -> dict:
+    return {"model": model, "prompt": text, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
             "stream": stream}
-    if not stream:
-        r = await h.post(f"{url}/v1/completions", json=body)
-        r.raise_for_status()
-        return r.json()["choices"][0]["text"]
-    parts = []
-    async with h.stream("POST", f"{url}/v1/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                parts += [c["text"] for c in json.loads(line[6:])["choices"]]
-    return "".join(parts)
 
 
 async def over_http(url, model, texts, tokens, stream, together: bool) -> tuple[float, list[str]]:
@@ -68,9 +60,9 @@ async def over_http(url, model, texts, tokens, stream, together: bool) -> tuple[
     async with httpx.AsyncClient(timeout=300) as h:
         t = time.perf_counter()
         if together:
-            out = await asyncio.gather(*(one(h, url, model, x, tokens, stream) for x in texts))
+            out = await asyncio.gather(*(completion_text(h, url, body(model, x, tokens, stream)) for x in texts))
         else:
-            out = [await one(h, url, model, x, tokens, stream) for x in texts]
+            out = [await completion_text(h, url, body(model, x, tokens, stream)) for x in texts]
         return time.perf_counter() - t, list(out)
 
 
