@@ -1,18 +1,26 @@
 """The values a ModelServer replica streams to the Router for one request: small typed events.
 
-Order: `Started` (the prompt was accepted) or `Failed` (it was not), then for streams any number of
-`Delta`s (several tokens may be coalesced into one when the reader lags), then `Finished` or `Failed`.
-A non-streaming request gets no `Delta`: `Finished` carries the whole text. Imports nothing heavy: the
-router process must stay free of torch.
+Every message costs CPU in the replica, the router and the proxy, so a request gets as few as it can:
+- a stream (`ModelServer.generate`): any number of `Delta`s (the tokens that arrived since the last one,
+  the first at once), then `Finished` with the text not yet sent, or `Failed` at any point. A stream
+  whose first token is not ready within `HEADERS_WITHIN_S` (queued behind a full batch, a long prefill)
+  gets `Started` first, so the client has its headers.
+- a non-streaming request (`ModelServer.complete`, one call, one answer): `Finished` with the whole
+  text, or `Failed`.
+Imports nothing heavy: the router process must stay free of torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+HEADERS_WITHIN_S = 0.25
+
 
 @dataclass(frozen=True, slots=True)
 class Started:
+    """The prompt was accepted; its first token is not ready yet (streams only)."""
+
     prompt_tokens: int
 
 
@@ -28,8 +36,8 @@ class Finished:
     finish_reason: str  # stop | length
     prompt_tokens: int
     completion_tokens: int
-    text: str = ""  # the whole output for a non-streaming request, "" for a stream
-    logprobs: tuple[dict, ...] = ()  # a non-streaming request's per-token logprobs, when asked
+    text: str = ""  # the text no Delta carried: a non-streaming request's whole output, a stream's tail
+    logprobs: tuple[dict, ...] = ()  # per-token logprobs of those tokens, when asked
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,11 @@ we check it is a contiguous set of exactly tp cores), builds its engine through 
 runs the host side itself: tokenization (on a worker thread, off the event loop and off the engine
 thread), and the engine's continuous-batching loop on its one engine thread (`EngineLoop`).
 
-`generate` is an async generator of `serve_app.events` values. Each request becomes a sequence in the
-engine's scheduler; its events come back through a `handoff.Inbox`. A stream yields coalesced `Delta`s
-(every token that arrived since the last yield, at most one message per `stream_interval_ms`: each
-message costs more than a token on 2 busy cores), a non-stream only `Started` and `Finished`. A client
+`generate` (streams) is an async generator of `serve_app.events` values, `complete` (non-streaming) one
+call returning the `Finished`. Each request becomes a sequence in the engine's scheduler; its events
+come back through a `handoff.Inbox`. A stream yields coalesced `Delta`s (every token that arrived since
+the last yield, at most one message per `stream_interval_ms`: each message costs more than a token on
+2 busy cores) and a `Finished` carrying the tail. A client
 that disconnects cancels the request: its sequence leaves the batch (or the waiting queue) at the next
 step boundary. Serve's `max_ongoing_requests` bounds the requests a replica holds (running + waiting in
 the engine); beyond `max_queued_requests` callers are turned away with 503.
@@ -17,6 +18,7 @@ the engine); beyond `max_queued_requests` callers are turned away with 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -28,7 +30,7 @@ from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import ContextLengthError, UserError
 from serve_app import prepare
 from serve_app.config import ModelSpec
-from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
+from serve_app.events import HEADERS_WITHIN_S, Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.handoff import Handoff, Inbox
 from serve_app.metrics import ServerMetrics
 from serve_app.nodes import build_engine_here
@@ -111,6 +113,7 @@ class ModelServer:
                                      f"{chars} characters, at least {at_least} tokens", param=param)
 
     async def generate(self, req: GenerateRequest):
+        """A request's events (`serve_app.events`): a stream's Deltas and Finished, or only Finished."""
         self.stats["requests"] += 1
         self.stats["active"] += 1
         timer = self.metrics.request()
@@ -131,17 +134,28 @@ class ModelServer:
             self.stats[{"abort": "cancelled", "error": "failed"}.get(outcome, "completed")] += 1
             self.metrics.finish(outcome)
 
+    async def complete(self, req: GenerateRequest) -> Finished | Failed:
+        """A non-streaming request in one call and one answer (a stream's generator costs a message more)."""
+        async with contextlib.aclosing(self.generate(req)) as events:
+            async for ev in events:
+                if isinstance(ev, (Finished, Failed)):
+                    return ev
+        raise RuntimeError("the request ended without a result")
+
     async def _run(self, seq, stream: bool, timer):
         inbox = Inbox(self._handoff())
         timer.prompt(len(seq.prompt_ids))
         self.loop.submit(seq, lambda ev: inbox.push(time.perf_counter(), ev))
-        yield Started(len(seq.prompt_ids))
         text, ids, lps, n, sent, done = [], [], [], 0, 0.0, False
         self.streams += stream
         try:
+            batch = await self._first(inbox) if stream else None
+            if stream and batch is None:
+                yield Started(len(seq.prompt_ids))
             while True:
                 # a stream wakes at most once per interval, a non-streaming request only for its last event
-                batch = await inbox.take(sent + self._stream_interval() if stream else None)
+                if batch is None:
+                    batch = await inbox.take(sent + self._stream_interval() if stream else None)
                 for _, ev in batch:
                     if isinstance(ev, ErrorEvent):
                         done = True
@@ -153,19 +167,26 @@ class ModelServer:
                     if ev.logprob is not None:
                         lps.append(prepare.logprob_entry(self.engine.tokenizer, ev))
                 timer.tokens([at for at, _ in batch], seq.admitted_at)
-                final = batch[-1][1]
-                if stream and (ids or final.final):
+                final, batch = batch[-1][1], None
+                if final.final:  # the tail rides on Finished: one message, not two
+                    done = True
+                    yield Finished(final.finish_reason, len(seq.prompt_ids), n, "".join(text), tuple(lps))
+                    return
+                if stream and ids:
                     yield Delta("".join(text), tuple(ids), tuple(lps))
                     text, ids, lps, sent = [], [], [], time.perf_counter()
-                if final.final:
-                    done = True
-                    yield Finished(final.finish_reason, len(seq.prompt_ids), n, "" if stream else "".join(text),
-                                   () if stream else tuple(lps))
-                    return
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
             self.streams -= stream
             if not done:
                 self.loop.cancel(seq.seq_id)
+
+    @staticmethod
+    async def _first(inbox: Inbox) -> list | None:
+        """A stream's first events, if they come within HEADERS_WITHIN_S; None: send `Started` first."""
+        try:
+            return await asyncio.wait_for(inbox.take(0.0), HEADERS_WITHIN_S)
+        except TimeoutError:
+            return None
 
     def _stream_interval(self) -> float:
         """Seconds between a stream's messages: stream_interval_ms, longer when the replica's streams together

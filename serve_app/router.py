@@ -92,6 +92,17 @@ def _scrape(host: str, port: int) -> str:
         return f"# metrics agent {host}:{port} unreachable: {e}\n"
 
 
+def overloaded(model: str) -> JSONResponse:
+    return error(503, f"model `{model}` is at capacity; retry later", "server_error", code="overloaded",
+                 headers=RETRY)
+
+
+def failed(ev: Failed, chat: bool) -> JSONResponse:
+    """A replica's refusal as the HTTP error it stands for (a chat's prompt is its `messages`)."""
+    param = "messages" if chat and ev.param == "prompt" else ev.param
+    return error(ev.status, ev.message, ev.type, param=param, code=ev.code)
+
+
 def replica_gone(model: str, e: Exception) -> JSONResponse:
     log.warning("replica of %s unavailable: %s", model, e)
     return error(503, f"the replica serving `{model}` stopped; retry the request", "server_error",
@@ -161,58 +172,58 @@ class Router:
         handle = self.models.get(body.model)
         if handle is None:
             return error(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
+        rid = P.new_id("chatcmpl" if chat else "cmpl")
+        out = Output(body, rid, chat)
+        if not body.stream:
+            return await self._complete(handle.complete.remote(body.payload()), body.model, chat, out)
         gen = handle.options(stream=True).generate.remote(body.payload())
         try:
             first = await gen.__anext__()
         except BackPressureError:
-            return error(503, f"model `{body.model}` is at capacity; retry later", "server_error",
-                         code="overloaded", headers=RETRY)
+            return overloaded(body.model)
         except REPLICA_GONE as e:
             return replica_gone(body.model, e)
         if isinstance(first, Failed):
-            param = "messages" if chat and first.param == "prompt" else first.param
-            return error(first.status, first.message, first.type, param=param, code=first.code)
-        rid = P.new_id("chatcmpl" if chat else "cmpl")
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._stream(gen, rid, body.model, chat, include_usage, Output(body, rid, chat)),
-                                     media_type="text/event-stream")
-        return await self._collect(gen, rid, body.model, chat, Output(body, rid, chat))
+            return failed(first, chat)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(self._stream(first, gen, rid, body.model, chat, include_usage, out),
+                                 media_type="text/event-stream")
 
-    async def _collect(self, gen, rid, model, chat, out: Output):
+    async def _complete(self, response, model, chat, out: Output):
         try:
-            async for ev in gen:
-                if isinstance(ev, Failed):
-                    return error(ev.status, ev.message, ev.type, param=ev.param, code=ev.code)
-                if isinstance(ev, Finished):
-                    return out.result(ev)
-        except asyncio.CancelledError:
-            gen.cancel()
+            ev = await response
+        except asyncio.CancelledError:  # the client went away: stop the replica's generation
+            response.cancel()
             raise
+        except BackPressureError:
+            return overloaded(model)
         except REPLICA_GONE as e:
             return replica_gone(model, e)
-        raise RuntimeError("the replica ended the request without a result")
+        return failed(ev, chat) if isinstance(ev, Failed) else out.result(ev)
 
-    async def _stream(self, gen, rid, model, chat, include_usage, out: Output):
+    async def _stream(self, first, gen, rid, model, chat, include_usage, out: Output):
         """SSE chunks. Any failure after the 200 went out is one `data: {"error": ...}` event and then
         `data: [DONE]`: a stream never just stops."""
         try:
             for chunk in out.start():
                 yield sse(chunk)
-            async for ev in gen:
+            ev = first
+            while ev is not None:
                 if isinstance(ev, Delta):
                     for chunk in out.delta(ev):
                         yield sse(chunk)
                 elif isinstance(ev, Finished):
-                    for chunk in out.finish(ev):
+                    for chunk in out.delta(Delta(ev.text, (), ev.logprobs)) + out.finish(ev):
                         yield sse(chunk)
                     if include_usage:
                         yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                    "model": model, "choices": [],
                                    "usage": P.usage(ev.prompt_tokens, ev.completion_tokens)})
+                    break
                 elif isinstance(ev, Failed):
                     yield sse(P.error_body(ev.message, ev.type, ev.param, ev.code))
                     break
+                ev = await anext(gen, None)
         except asyncio.CancelledError:  # the client went away: stop the replica's generation
             gen.cancel()
             raise
