@@ -4,7 +4,9 @@ max_batch, one thread), 8 concurrent and one at a time, same run, rounds interle
 
     python bench/serve_efficiency.py [--model gemma-4-e2b-tiny] [--tokens 48] [--requests 8] [--rounds 3]
 
-Prints tokens/s of each (median of the rounds) and the ratios HTTP / in-process (goals: concurrent >= 0.8,
+The cluster gets what `python -m serve_app.run` gives one (serve_app/ray_env.py: HAProxy in front);
+`RAY_SERVE_ENABLE_HA_PROXY=0 python bench/serve_efficiency.py` measures Ray's Python proxy instead (what
+plain `serve run` gives). Prints tokens/s of each (median of the rounds) and the ratios HTTP / in-process (goals: concurrent >= 0.8,
 one at a time >= 0.9), for streamed and non-streamed requests. Every HTTP answer must equal the
 in-process one (greedy).
 """
@@ -75,6 +77,10 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from serve_app.ray_env import apply_cluster_env
+
+    added = apply_cluster_env()  # what `python -m serve_app.run` gives the cluster it starts
+    ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Ray's proxy"
     import ray
     import yaml
     from ray import serve
@@ -115,6 +121,7 @@ def main() -> int:
                     rates.setdefault((how, "streamed" if stream else "non-streamed"), []).append(n / secs)
         serve.shutdown()
         ray.shutdown()
+    print(f"ingress: {ingress}{' (serve_app/ray_env.py)' if added else ''}")
     print(f"{args.model} via configs/local.yaml (max_batch {engine.max_batch}, {spec.backend}), {args.requests} "
           f"greedy requests x {args.tokens} tokens, median of {args.rounds} rounds; HTTP answers identical: yes")
     for how in ("concurrent", "one at a time"):

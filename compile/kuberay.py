@@ -21,6 +21,10 @@ import yaml
 
 from compile.plan import INSTANCES
 
+# Ray Serve settings every node's processes need (serve_app/ray_env.py CLUSTER: HAProxy ingress; compile
+# does not import serve_app, and a test keeps the two equal)
+SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+
 OUT = Path("configs/kuberay/rayservice.yaml")
 SHARED_DIR = "/models"
 IMAGE = "ACCOUNT.dkr.ecr.REGION.amazonaws.com/gemma4-inf2:0.1.0"  # built from this repository (README, EKS)
@@ -50,7 +54,8 @@ def _resources(instance: str) -> dict:
 
 
 def _container(name: str, resources: dict, ready_on_health: bool, mounts: bool) -> dict:
-    c = {"name": name, "image": IMAGE, "env": [json.loads(json.dumps(API_KEY))], "resources": resources,
+    env = [json.loads(json.dumps(API_KEY))] + [{"name": k, "value": v} for k, v in SERVE_ENV.items()]
+    c = {"name": name, "image": IMAGE, "env": env, "resources": resources,
          "ports": [{"containerPort": 8000, "name": "serve"}]}
     if ready_on_health:
         c["readinessProbe"] = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 5,

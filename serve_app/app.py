@@ -6,6 +6,7 @@ One ModelServer deployment per configured model (named `Model_<name>`), each rep
 
 from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
 
+from serve_app import ray_env
 from serve_app.autoscale import autoscaling_config
 from serve_app.config import API_KEY_ENV, AppArgs, ModelSpec
 from serve_app.model_server import ModelServer
@@ -13,18 +14,11 @@ from serve_app.router import Router
 
 ModelDeployment = serve.deployment(ModelServer)
 
-# Ray Serve settings for the processes of our replicas (read when a replica's process imports Serve):
-# our request path is async end to end, so user code runs on the replica's own event loop (no hop to a
-# second loop thread per message), handles call replicas over gRPC, and logs go to files only (not to
-# stderr as well). Measured by bench/serve_efficiency.py.
-REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
-               "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_LOG_TO_STDERR": "0"}
-
 
 def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
     res = {args.accelerator_resource: m.neuron_cores} if m.neuron_cores and args.accelerator_resource else {}
     opts = dict(name=f"Model_{m.name}", ray_actor_options={"num_cpus": 0, "resources": res,
-                                                             "runtime_env": {"env_vars": dict(REPLICA_ENV)}},
+                                                             "runtime_env": {"env_vars": dict(ray_env.REPLICA)}},
                 max_ongoing_requests=m.ongoing_limit, max_queued_requests=m.max_queued_requests,
                 graceful_shutdown_wait_loop_s=args.graceful_shutdown_wait_loop_s,
                 graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s)
@@ -65,7 +59,7 @@ def build_app(args: AppArgs) -> serve.Application:
                for m in args.models}
     contexts = {m.name: m.max_context for m in args.models}
     return Router.options(max_ongoing_requests=router_ongoing_limit(args),
-                          ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": dict(REPLICA_ENV)}}).bind(
+                          ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": dict(ray_env.REPLICA)}}).bind(
         handles, contexts, digests, args.max_request_bytes, ops_settings(args))
 
 

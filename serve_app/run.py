@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         ray.init(address=address, namespace="serve", log_to_driver=False)
         drain_all(_say)
         return
+    from serve_app.ray_env import apply_cluster_env
+
+    apply_cluster_env()  # before Ray starts: a local cluster's processes inherit them
     import ray
 
     install_handlers()

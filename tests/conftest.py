@@ -69,7 +69,13 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def serve_url():
-    """A light local Ray cluster with 4 fake NeuronCores and Serve's HTTP proxy on a free port."""
+    """A light local Ray cluster with 4 fake NeuronCores and Serve's HTTP ingress on a free port, with the
+    settings `python -m serve_app.run` gives a cluster (HAProxy in front: serve_app/ray_env.py)."""
+    from serve_app.ray_env import apply_cluster_env
+
+    apply_cluster_env()
+    os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))  # apart from any other Serve here
+    os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_TMPDIR", "/tmp/g4ray")

