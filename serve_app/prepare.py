@@ -1,15 +1,43 @@
-"""The replica's side of a request's agentic options (runs on its worker thread, off the engine thread):
-the chat prompt with tools and template switches, the grammar compiled against the model's tokenizer
-(a grammar it cannot serve is a 400 naming the request field), logprobs, and whether the text keeps control
-tokens for the router's parsers. Also the logprob entries the replica streams back, token text included."""
+"""A request made ready for the engine (in the engine process, on its reader thread, off the engine
+thread): the prompt tokenized (a chat with its tools and template switches), its length checked, the
+grammar compiled against the model's tokenizer (a grammar it cannot serve is a 400 naming the request
+field), logprobs, and whether the text keeps control tokens for the router's parsers. Also the logprob
+entries streamed back, token text included."""
 
 from __future__ import annotations
 
 import weakref
 
+from neuron_workers.engine.params import SamplingParams
+from neuron_workers.errors import ContextLengthError
 from serve_app.events import GenerateRequest
 
 _TEXTS: "weakref.WeakKeyDictionary[object, dict[int, str]]" = weakref.WeakKeyDictionary()
+
+
+def new_sequence(engine, req: GenerateRequest):
+    """Tokenize and validate; a sequence ready for `engine.add` (a UserError names the request field)."""
+    if req.kind == "chat":
+        check_text_length(engine, sum(len(m.get("content") or "") for m in req.messages), "messages")
+        ids = chat_ids(engine, req)
+    elif isinstance(req.prompt, str):
+        check_text_length(engine, len(req.prompt), "prompt")
+        ids = engine.encode(req.prompt)
+    else:
+        ids = list(req.prompt)
+    max_tokens = req.max_tokens or max(engine.max_context - len(ids), 1)
+    sampling = {**engine.sampling_defaults, **dict(req.sampling)}
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
+    return engine.new_sequence(ids, params, list(req.stop), **sequence_options(engine, req))
+
+
+def check_text_length(engine, chars: int, param: str) -> None:
+    """Refuse, without tokenizing it, a text that cannot fit: no token is longer than
+    `max_token_chars`, so it has at least chars / max_token_chars tokens."""
+    at_least = chars // max(engine.max_token_chars, 1)
+    if at_least > engine.max_context:
+        raise ContextLengthError(f"this model's context is {engine.max_context} tokens; the {param} has "
+                                 f"{chars} characters, at least {at_least} tokens", param=param)
 
 
 def chat_ids(engine, req: GenerateRequest) -> list[int]:
