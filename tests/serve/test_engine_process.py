@@ -1,0 +1,137 @@
+"""The replica's engine in its own process (serve_app/engine_process.py), over the fake engine: a request's
+events in order with one message per step, a refusal naming the param, cancel freeing the slot, a start
+failure raised in the replica, and a child that dies failing what it held and the health check. Also
+the replica's messages: a non-streaming request is one `Finished`, a stream's tail rides on `Finished`,
+and `Started` goes out only when the first token is late."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+
+import pytest
+
+from neuron_workers.engine.events import ErrorEvent
+from neuron_workers.errors import UserError
+from serve_app.config import ModelSpec
+from serve_app.engine_process import EngineProcess, Prepared, Refused, Token
+from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
+
+
+def spec(step_s=0.005, **kw) -> ModelSpec:
+    return ModelSpec(**{"name": "m", "path": ".", "engine": "doubles.fake_engine:FakeEngine", "max_context": 64,
+                        "max_batch": 2, "engine_options": {"step_s": step_s}, **kw})
+
+
+def completion(n=5, **kw) -> GenerateRequest:
+    return GenerateRequest(**{"kind": "completion", "prompt": "hello", "max_tokens": n, "ignore_eos": True, **kw})
+
+
+def take_until_final(q: queue.Queue, timeout=20.0) -> list:
+    out = []
+    while not out or not out[-1].final:
+        out.append(q.get(timeout=timeout))
+    return out
+
+
+@pytest.fixture(scope="module")
+def proc():
+    p = EngineProcess(spec())
+    yield p
+    p.close()
+
+
+def test_a_request_runs_in_the_child_and_its_events_come_back_in_order(proc):
+    q = queue.Queue()
+    proc.submit(completion(5), q.put)
+    items = take_until_final(q)
+    assert isinstance(items[0], Prepared) and items[0].prompt_tokens == 5  # one id per character
+    tokens = items[1:]
+    assert all(isinstance(t, Token) for t in tokens) and len(tokens) == 5
+    assert tokens[-1].event.finish_reason == "length" and tokens[0].admitted_at is not None
+    assert proc.max_context == 64 and proc.max_batch == 2 and proc.alive()
+    q2 = queue.Queue()  # the same request again: the fake engine is deterministic
+    proc.submit(completion(5), q2.put)
+    assert [t.event.token_id for t in take_until_final(q2)[1:]] == [t.event.token_id for t in tokens]
+
+
+def test_a_request_that_cannot_run_is_refused_naming_its_param(proc):
+    q = queue.Queue()
+    proc.submit(completion(5, prompt="x" * 5000), q.put)
+    (item,) = take_until_final(q)
+    assert isinstance(item, Refused) and item.failed.status == 400
+    assert item.failed.param == "prompt" and item.failed.code == "context_length_exceeded"
+
+
+def test_cancel_frees_the_slot_for_the_next_request(proc):
+    held = [queue.Queue(), queue.Queue()]
+    rids = [proc.submit(completion(50), q.put) for q in held]  # both slots, for long
+    for q in held:
+        assert isinstance(q.get(timeout=20), Prepared)
+    for rid in rids:
+        proc.cancel(rid)
+    q = queue.Queue()
+    proc.submit(completion(3), q.put)
+    assert take_until_final(q)[-1].event.finish_reason == "length"
+    assert proc.stats.running == 0
+
+
+def test_a_start_failure_is_raised_in_the_replica(tmp_path):
+    with pytest.raises(UserError, match="config.json"):  # the real factory, a directory with no checkpoint
+        EngineProcess(spec(engine="serve_app.engines:build_worker_engine", path=str(tmp_path)))
+    with pytest.raises(RuntimeError, match="no_such_factory"):  # a bug: the replica fails to start, saying why
+        EngineProcess(spec(engine="doubles.fake_engine:no_such_factory"))
+
+
+def test_a_child_that_dies_fails_what_it_held_and_the_health_check():
+    p = EngineProcess(spec(step_s=0.05))
+    try:
+        q = queue.Queue()
+        p.submit(completion(50), q.put)
+        assert isinstance(q.get(timeout=20), Prepared)
+        p.proc.kill()
+        items = take_until_final(q)
+        assert isinstance(items[-1], Token) and isinstance(items[-1].event, ErrorEvent)
+        p.reader.join(10)
+        assert not p.alive()
+    finally:
+        p.close()
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """ModelServers over the fake engine: a fast one and one whose first token is later than
+    HEADERS_WITHIN_S (a step of 0.4 s)."""
+    from serve_app.model_server import ModelServer
+
+    out = {"fast": ModelServer(spec(step_s=0.005).model_dump()), "slow": ModelServer(spec(step_s=0.4).model_dump())}
+    yield out
+    for s in out.values():
+        s.engine.close()
+
+
+async def events(server, req) -> list:
+    return [ev async for ev in server.generate(req)]
+
+
+def test_a_non_streaming_request_is_one_answer(servers):
+    fin = asyncio.run(servers["fast"].complete(completion(6)))
+    assert isinstance(fin, Finished) and fin.completion_tokens == 6 and len(fin.text) == 6
+    assert fin.prompt_tokens == 5
+    bad = asyncio.run(servers["fast"].complete(completion(5, prompt="x" * 5000)))
+    assert isinstance(bad, Failed) and bad.status == 400 and bad.param == "prompt"
+
+
+def test_a_stream_sends_its_first_token_at_once_and_its_tail_on_finished(servers):
+    evs = asyncio.run(events(servers["fast"], completion(12, stream=True)))
+    assert isinstance(evs[0], Delta) and isinstance(evs[-1], Finished)  # no Started: the token was quick
+    assert not any(isinstance(e, Started) for e in evs)
+    text = "".join(e.text for e in evs[:-1]) + evs[-1].text
+    whole = asyncio.run(servers["fast"].complete(completion(12)))
+    assert text == whole.text and evs[-1].completion_tokens == 12
+
+
+def test_a_stream_whose_first_token_is_late_gets_started_first(servers):
+    evs = asyncio.run(events(servers["slow"], completion(2, stream=True)))
+    assert isinstance(evs[0], Started) and evs[0].prompt_tokens in (0, 5)
+    assert isinstance(evs[-1], Finished) and evs[-1].completion_tokens == 2
