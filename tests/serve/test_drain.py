@@ -66,7 +66,7 @@ def read_until_closed(s: socket.socket) -> bytes:
 
 
 def slow_clients_are_turned_away(port: int) -> None:
-    r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"x-junk": "a" * 12000}, timeout=20)
+    r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"x-junk": "a" * 20000}, timeout=20)
     assert r.status_code == 431 and r.json()["error"]["code"] == "request_header_too_large"
     half_open = raw(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           b"Content-Length: 100\r\n\r\n{")  # 99 bytes of body never come
