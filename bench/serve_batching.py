@@ -67,6 +67,9 @@ def main() -> int:
         app_args.update(tiny_dir=tmp, base_dir=tmp)
         for m in app_args["models"]:
             m["path"] = str(Path(tmp) / Path(m["path"]).name)
+        from serve_app.ray_env import apply_cluster_env
+
+        apply_cluster_env()  # what `python -m serve_app.run` gives the cluster it starts (HAProxy ingress)
         ray.init(include_dashboard=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(AppArgs(**app_args)), name="bench", route_prefix="/")
