@@ -68,7 +68,7 @@ PROBE_HEADROOM = 64  # requests beyond what the models hold: health probes, /v1/
 
 def router_ongoing_limit(args: AppArgs) -> int:
     """`router_max_ongoing_requests`, raised to what every model can hold (running, waiting and queued) plus
-    headroom: a router that is full queues its own /health probes in the proxy, behind generation."""
+    headroom: a router that is full queues its own /health probes in the ingress, behind generation."""
     if any(m.max_queued_requests < 0 for m in args.models):
         return args.router_max_ongoing_requests
     hold = sum(m.max_replicas * m.ongoing_limit + m.max_queued_requests for m in args.models)

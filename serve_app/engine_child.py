@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 
 from neuron_workers.engine.events import TokenEvent
@@ -36,26 +37,42 @@ def import_attr(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def main(fd: int) -> None:
-    """`python -m serve_app.engine_child FD`: FD is this process's end of the replica's socket pair."""
+def main(fd: int) -> int:
+    """`python -m serve_app.engine_child FD`: FD is this process's end of the replica's socket pair.
+    Returns the exit code."""
     conn = Connection(fd)
+    watch_parent()
     try:
         _, spec, factory = conn.recv()
     except EOFError:
-        return
+        return 0
     spec_ = ModelSpec(**spec)
     try:
         engine = import_attr(factory)(spec_)
     except UserError as e:
         conn.send(("error", str(e), e.code, e.param, True))
-        return
+        return 1
     except Exception as e:  # a bug or a broken install: the replica reports it and fails to start
         log.exception("engine build failed")
         conn.send(("error", f"{type(e).__name__}: {e}", None, None, False))
-        return
+        return 1
     child = EngineChild(conn, engine, spec_)
-    conn.send(("ready", {"max_context": engine.max_context, "max_batch": engine.max_batch}))
-    child.serve()
+    child.send(("ready", {"max_context": engine.max_context, "max_batch": engine.max_batch}))
+    return child.serve()
+
+
+def watch_parent(period_s: float = 1.0) -> None:
+    """End this process if the replica that started it is gone (killed while the engine loads, say: nobody
+    reads the socket then, and the cores it holds are wanted by the replica's replacement)."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class EngineChild:
@@ -71,10 +88,18 @@ class EngineChild:
         with self.send_lock:
             self.conn.send(msg)
 
-    def serve(self) -> None:
-        """Read commands until the replica closes the pipe (or goes away: then the process just ends)."""
+    def serve(self) -> int:
+        """Read commands until the replica closes the socket (or goes away), or the engine thread dies
+        (then this process ends and the replica fails what it held). Returns the exit code."""
+        code = 0
         try:
             while True:
+                if not self.conn.poll(1.0):
+                    if not self.loop.thread.is_alive():
+                        log.error("the engine thread stopped")
+                        code = 1
+                        break
+                    continue
                 op, *args = self.conn.recv()
                 if op == "add":
                     self._add(*args)
@@ -84,10 +109,13 @@ class EngineChild:
                     break
         except (EOFError, OSError):
             pass
-        finally:
-            self.loop.close(timeout=2.0)
+        except Exception:
+            log.exception("the engine process failed")
+            code = 1
+        self.loop.close(timeout=1.0)
+        if not self.loop.thread.is_alive():  # never under a step still running
             self.engine.close()
-            os._exit(0)  # no interpreter teardown: the engine thread may still hold native resources
+        return code
 
     def _add(self, rid: int, req: GenerateRequest) -> None:
         try:
@@ -119,7 +147,10 @@ class EngineChild:
             return
         entry = None
         if isinstance(ev, TokenEvent) and ev.logprob is not None:
-            entry = prepare.logprob_entry(self.engine.tokenizer, ev)
+            try:
+                entry = prepare.logprob_entry(self.engine.tokenizer, ev)
+            except Exception:  # the token still goes out (a lost event would hang its request)
+                log.exception("logprob entry failed for sequence %d", ev.seq_id)
         self.pending.append((rid, ev, entry, seq.admitted_at))
         if ev.final:
             self.seqs.pop(ev.seq_id, None)
@@ -129,10 +160,19 @@ class EngineChild:
         events, self.pending = self.pending, []
         try:
             self.send(("step", events, stats))
-        except OSError:  # the replica is gone; the reader thread ends the process
+        except OSError:  # the replica is gone: the reader sees the end of the socket
             pass
+        except Exception:  # an event that does not pickle, say: log it, keep the engine thread
+            log.exception("sending step events failed")
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(name)s: %(message)s")
-    main(int(sys.argv[1]))
+    try:
+        rc = main(int(sys.argv[1]))
+    except BaseException:
+        log.exception("the engine process failed")
+        rc = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # no interpreter teardown: the engine thread may still hold native resources

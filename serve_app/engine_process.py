@@ -9,9 +9,11 @@ lock with nothing of Ray; the replica relays requests and events and does no per
 The child is a fresh interpreter (`python -m serve_app.engine_child`: not a fork of a process with Ray's
 threads, not multiprocessing's spawn, which would re-run the replica's main module) with the replica's
 environment and import path, so NEURON_RT_VISIBLE_CORES, which Ray set for the replica, pins the child
-to the replica's cores, and its output lands in the replica's log. Commands go down a socket pair as
-pickled messages; one message per engine step comes back, read by one thread that hands each event to
-its request's sink. The child ends when the socket closes, so it never outlives its replica.
+to the replica's cores, and its output goes where the replica's stdout / stderr go (the worker's log
+files). Commands go down a socket pair as pickled messages, written by a writer thread (a large prompt
+never blocks the event loop); one message per engine step comes back, read by one thread that hands
+each event to its request's sink. The child ends when the socket closes or its parent is gone (it
+checks while it loads), so it does not outlive its replica.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -78,10 +81,13 @@ class EngineProcess:
         self.max_context, self.max_batch = self.info["max_context"], self.info["max_batch"]
         self.requests: dict[int, Callable] = {}  # request id -> sink
         self.stats = None  # the latest StepStats
-        self.steps, self.closing = 0, False
+        self.steps, self.closing, self.dead = 0, False, False
         self._ids = itertools.count(1)
-        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # `dead` and `requests` against the reader's last sweep
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.writer = threading.Thread(target=self._write, name=f"engine-writer-{spec.name}", daemon=True)
         self.reader = threading.Thread(target=self._read, name=f"engine-reader-{spec.name}", daemon=True)
+        self.writer.start()
         self.reader.start()
 
     def _wait_ready(self) -> dict:
@@ -91,14 +97,20 @@ class EngineProcess:
         try:
             msg = self.conn.recv()
         except EOFError:
-            code = self.proc.wait(5)
-            raise RuntimeError(f"the engine process of {self.name} exited while starting (exit code {code}); "
-                               f"its traceback is in this replica's log") from None
+            raise RuntimeError(f"the engine process of {self.name} exited while starting (exit code "
+                               f"{self._reap()}); its traceback is in this replica's log") from None
         if msg[0] == "ready":
             return msg[1]
         _, message, code, param, user = msg
-        self.proc.wait(5)
+        self._reap()
         raise UserError(message, code, param) if user else RuntimeError(message)
+
+    def _reap(self, timeout: float = 5.0) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
 
     def alive(self) -> bool:
         return self.proc.poll() is None and self.reader.is_alive()
@@ -107,8 +119,13 @@ class EngineProcess:
         """Send a request to the engine; its events (`Refused`, or `Prepared` then `Token`s) go to
         `sink`, which is called on the reader thread (so it only hands off). Returns the id `cancel` takes."""
         rid = next(self._ids)
-        self.requests[rid] = sink
-        self._send(("add", rid, req))
+        with self._lock:
+            if not self.dead:
+                self.requests[rid] = sink
+        if self.dead:  # the engine process is gone: the request fails at once
+            sink(Token(ErrorEvent(-1, "the engine process stopped"), None, None))
+        else:
+            self._send(("add", rid, req))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -116,22 +133,33 @@ class EngineProcess:
             self._send(("cancel", rid))
 
     def _send(self, msg) -> None:
-        try:
-            with self._send_lock:
+        self._outbox.put(msg)
+
+    def _write(self) -> None:
+        while (msg := self._outbox.get()) is not None:
+            try:
                 self.conn.send(msg)
-        except OSError:  # the engine process is gone: the reader fails every request
-            pass
+            except OSError:  # the engine process is gone: the reader fails every request
+                return
 
     def _read(self) -> None:
         try:
             while True:
-                self._dispatch(self.conn.recv())
+                msg = self.conn.recv()
+                try:
+                    self._dispatch(msg)
+                except Exception:  # ours (a sink, metrics): this message's requests may hang, not all of them
+                    log.exception("engine message failed: %s", msg[0])
         except (EOFError, OSError):
             pass
-        if not self.closing:
-            log.error("the engine process of %s stopped (exit code %s)", self.name, self.proc.poll())
-        for rid in list(self.requests):
-            self._deliver(rid, Token(ErrorEvent(-1, "the engine process stopped"), None, None))
+        finally:
+            if not self.closing:
+                log.error("the engine process of %s stopped (exit code %s)", self.name, self.proc.poll())
+            with self._lock:
+                self.dead = True
+                held = list(self.requests)
+            for rid in held:
+                self._deliver(rid, Token(ErrorEvent(-1, "the engine process stopped"), None, None))
 
     def _dispatch(self, msg) -> None:
         op = msg[0]
@@ -162,9 +190,7 @@ class EngineProcess:
     def close(self, timeout: float = 5.0) -> None:
         self.closing = True
         self._send(("close",))
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self._send(None)  # then the writer stops
+        self._reap(timeout)
+        self.reader.join(timeout)  # it sees the end of the socket and fails whatever was left
         self.conn.close()

@@ -1,11 +1,12 @@
-"""Events from the engine thread to the replica's event loop with as few wake-ups of the loop as the
-stream needs. Every wake-up is a self-pipe write, a GIL hand-off and a coroutine resumption, and on a busy
-host the engine thread waits for the GIL while the loop runs, so per-token wake-ups cost decode speed.
+"""Events from the thread that receives them (the replica's engine reader, `engine_process.py`: one
+message per engine step) to the replica's event loop, with as few wake-ups of the loop as the stream needs.
+Every wake-up is a self-pipe write, a GIL hand-off and a coroutine resumption, all CPU the busy host's
+engine and Serve compete for.
 
-- `Handoff`: one per event loop. The engine thread's calls are queued and run on the loop in one batch;
+- `Handoff`: one per event loop. Another thread's calls are queued and run on the loop in one batch;
   only the first call after a batch schedules it (`call_soon_threadsafe`): one wake-up per engine step
   for every request that needs waking in that step.
-- `Inbox`: one per request. The engine thread appends each event; the request's coroutine is woken only
+- `Inbox`: one per request. The reader thread appends each event; the request's coroutine is woken only
   when its next message is due: at once for a final event, else not before the time it asked for (a
   stream's next interval; a non-streaming request asks for the final event only).
 """
@@ -43,7 +44,7 @@ def _wake(fut: asyncio.Future) -> None:
 
 
 class Inbox:
-    """One request's (time, event) pairs, pushed by the engine thread, taken in batches by the request."""
+    """One request's (time, event) pairs, pushed by the reader thread, taken in batches by the request."""
 
     def __init__(self, handoff: Handoff):
         self.handoff, self.items, self.lock = handoff, [], threading.Lock()
@@ -52,7 +53,7 @@ class Inbox:
         self.not_before: float | None = None  # the waiter's time (perf_counter); None: only a final event wakes it
 
     def push(self, at: float, event) -> None:
-        """Engine thread: keep the event; wake the request if it is waiting and this makes a message due."""
+        """Reader thread: keep the event; wake the request if it is waiting and this makes a message due."""
         with self.lock:
             self.items.append((at, event))
             self.final = self.final or event.final

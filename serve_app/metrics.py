@@ -11,7 +11,7 @@ from ray.serve import metrics
 
 MS_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000]
 OCCUPANCY_BUCKETS = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
-GAUGE_PERIOD_S = 0.25  # gauges are set at most this often from the engine thread
+GAUGE_PERIOD_S = 0.25  # gauges are set at most this often from the engine reader thread
 
 
 class ServerMetrics:
@@ -40,7 +40,7 @@ class ServerMetrics:
         return RequestTimer(self)
 
     def step(self, stats) -> None:
-        """Called by the engine thread after every step (an `engine.loop.StepStats`)."""
+        """Called by the replica's engine reader thread after every step (an `engine.loop.StepStats`)."""
         if stats.decoded:
             self.occupancy.observe(stats.decoded / stats.max_batch)
         now = time.perf_counter()

@@ -53,6 +53,11 @@ def check_visible_cores(spec: ModelSpec, env: dict | None = None) -> list[int]:
     return cores
 
 
+def _settle(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class ModelServer:
     def __init__(self, spec: dict):
         self.spec = ModelSpec(**spec)
@@ -85,10 +90,11 @@ class ModelServer:
         timer = self.metrics.request()
         outcome = "abort"  # what the metrics record if the caller goes away first
         try:
-            async for ev in self._run(req, timer):
-                if isinstance(ev, (Finished, Failed)):
-                    outcome = ev.finish_reason if isinstance(ev, Finished) else "error"
-                yield ev
+            async with contextlib.aclosing(self._run(req, timer)) as run:  # its finally runs when we stop
+                async for ev in run:
+                    if isinstance(ev, (Finished, Failed)):
+                        outcome = ev.finish_reason if isinstance(ev, Finished) else "error"
+                    yield ev
         finally:
             self.stats["active"] -= 1
             self.stats[{"abort": "cancelled", "error": "failed"}.get(outcome, "completed")] += 1
@@ -103,10 +109,13 @@ class ModelServer:
         raise RuntimeError("the request ended without a result")
 
     async def _run(self, req: GenerateRequest, timer):
-        inbox, prompt = Inbox(self._handoff()), [0]
+        handoff = self._handoff()
+        inbox, prompt, answered = Inbox(handoff), [0], asyncio.get_running_loop().create_future()
         stream = req.stream
 
         def sink(item) -> None:  # the reader thread: a prompt length is noted, the rest handed off
+            if not answered.done():  # the engine's first word on it: prepared, refused, or failed
+                handoff.call(_settle, answered)
             if isinstance(item, Prepared):
                 prompt[0] = item.prompt_tokens
                 timer.prompt(item.prompt_tokens)
@@ -117,6 +126,8 @@ class ModelServer:
         text, ids, lps, n, sent, done = [], [], [], 0, 0.0, False
         self.streams += stream
         try:
+            if stream:  # a refusal is a status code: no Started before the request is prepared
+                await answered
             batch = await self._first(inbox) if stream else None
             if stream and batch is None:
                 yield Started(prompt[0])
@@ -167,7 +178,7 @@ class ModelServer:
         return max(self.spec.stream_interval_ms / 1e3, self.streams / self.spec.stream_messages_per_s)
 
     def _handoff(self) -> Handoff:
-        """The engine thread -> event loop hand-off, one per loop (one wake-up per step for all requests)."""
+        """The reader thread -> event loop hand-off, one per loop (one wake-up per step for all requests)."""
         loop = asyncio.get_running_loop()
         if getattr(self, "_handoff_", None) is None or self._handoff_.loop is not loop:
             self._handoff_ = Handoff(loop)

@@ -179,6 +179,9 @@ class Router:
         gen = handle.options(stream=True).generate.remote(body.payload())
         try:
             first = await gen.__anext__()
+        except asyncio.CancelledError:  # the client left while the request waited: stop it
+            gen.cancel()
+            raise
         except BackPressureError:
             return overloaded(body.model)
         except REPLICA_GONE as e:

@@ -3,7 +3,7 @@
 `Grammars` (one per engine) owns the llguidance tokenizer, built lazily at the model's logits width
 (`n_vocab`, so the mask covers every logit; ids past the tokenizer are never allowed) with the model's
 EOS ids as the grammar's end tokens. `compile(grammar)` validates a grammar string against it and keeps a
-prototype matcher, cached by the grammar text; it runs on the serving side's request threads, never the
+prototype matcher, cached by the grammar text; it runs on the serving side's request thread, never the
 engine thread (thread-safe). `RowGrammar` is one sequence's own matcher: `fill` writes its next-token mask into a
 row of an int32 bitmask (llguidance's layout, `sampling.Row.allowed`), `accept` advances it on every
 token the engine keeps, `done` says only an end token could follow (the engine ends the row).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 
 import pytest
 
@@ -63,17 +64,36 @@ def test_a_request_that_cannot_run_is_refused_naming_its_param(proc):
     assert item.failed.param == "prompt" and item.failed.code == "context_length_exceeded"
 
 
-def test_cancel_frees_the_slot_for_the_next_request(proc):
-    held = [queue.Queue(), queue.Queue()]
-    rids = [proc.submit(completion(50), q.put) for q in held]  # both slots, for long
-    for q in held:
-        assert isinstance(q.get(timeout=20), Prepared)
-    for rid in rids:
-        proc.cancel(rid)
-    q = queue.Queue()
-    proc.submit(completion(3), q.put)
-    assert take_until_final(q)[-1].event.finish_reason == "length"
-    assert proc.stats.running == 0
+def test_cancel_frees_the_slot_for_the_next_request():
+    p = EngineProcess(spec(step_s=0.1))  # 50 tokens would hold a slot for 5 s
+    try:
+        held = [queue.Queue(), queue.Queue()]
+        rids = [p.submit(completion(50), q.put) for q in held]  # both slots
+        for q in held:
+            assert isinstance(q.get(timeout=20), Prepared)
+        for rid in rids:
+            p.cancel(rid)
+        q = queue.Queue()
+        t = time.monotonic()
+        p.submit(completion(3), q.put)
+        assert take_until_final(q)[-1].event.finish_reason == "length"
+        assert time.monotonic() - t < 3.0  # it did not wait for the cancelled two to finish
+        assert not p.requests and all(q.empty() or not q.get().final for q in held)
+    finally:
+        p.close()
+
+
+def test_a_request_after_the_child_died_fails_at_once():
+    p = EngineProcess(spec())
+    try:
+        p.proc.kill()
+        p.reader.join(10)
+        q = queue.Queue()
+        p.submit(completion(3), q.put)
+        (item,) = take_until_final(q, timeout=1)
+        assert isinstance(item.event, ErrorEvent)
+    finally:
+        p.close()
 
 
 def test_a_start_failure_is_raised_in_the_replica(tmp_path):
@@ -104,7 +124,7 @@ def servers():
     HEADERS_WITHIN_S (a step of 0.4 s)."""
     from serve_app.model_server import ModelServer
 
-    out = {"fast": ModelServer(spec(step_s=0.005).model_dump()), "slow": ModelServer(spec(step_s=0.4).model_dump())}
+    out = {"fast": ModelServer(spec(step_s=0.002).model_dump()), "slow": ModelServer(spec(step_s=0.4).model_dump())}
     yield out
     for s in out.values():
         s.engine.close()
@@ -133,5 +153,31 @@ def test_a_stream_sends_its_first_token_at_once_and_its_tail_on_finished(servers
 
 def test_a_stream_whose_first_token_is_late_gets_started_first(servers):
     evs = asyncio.run(events(servers["slow"], completion(2, stream=True)))
-    assert isinstance(evs[0], Started) and evs[0].prompt_tokens in (0, 5)
+    assert isinstance(evs[0], Started) and evs[0].prompt_tokens == 5  # sent once the prompt was prepared
     assert isinstance(evs[-1], Finished) and evs[-1].completion_tokens == 2
+
+
+def test_a_refused_stream_is_refused_before_anything_else_however_slow_the_engine(servers):
+    evs = asyncio.run(events(servers["slow"], completion(5, prompt="x" * 5000, stream=True)))
+    assert len(evs) == 1 and isinstance(evs[0], Failed) and evs[0].param == "prompt"
+
+
+def test_a_replica_whose_engine_process_dies_fails_its_requests_and_its_health_check():
+    from serve_app.model_server import ModelServer
+
+    server = ModelServer(spec(step_s=0.05).model_dump())
+    try:
+        async def scenario():
+            evs = []
+            async for ev in server.generate(completion(50, stream=True)):
+                evs.append(ev)
+                if len(evs) == 1:
+                    server.engine.proc.kill()
+            return evs
+
+        evs = asyncio.run(scenario())
+        assert isinstance(evs[-1], Failed) and evs[-1].status == 500 and "engine process" in evs[-1].message
+        with pytest.raises(RuntimeError, match="engine process"):
+            server.check_health()
+    finally:
+        server.engine.close()
