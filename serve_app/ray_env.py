@@ -12,7 +12,8 @@ takes costs the engine throughput.
   closes a connection that sends nothing for `RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S` (3600 s by default).
 - `REPLICA`: per replica, through the deployments' runtime_env (also under plain `serve run`): our
   request path is async end to end, so user code runs on the replica's own event loop (no hop to a
-  second loop thread per message), handles call replicas over gRPC, logs go to files only.
+  second loop thread per message), handles call replicas over gRPC. (Logs still go to stderr as well as
+  files: `serve run`'s console shows the replicas' warnings and errors.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 # so that a head too large is still our 431 in OpenAI's shape, not HAProxy's bare 400
 CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152"}
 REPLICA = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
-           "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_LOG_TO_STDERR": "0"}
+           "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
 def apply_cluster_env(env: dict | None = None) -> dict:

@@ -196,6 +196,7 @@ class Router:
         try:
             ev = await response
         except asyncio.CancelledError:  # the client went away: stop the replica's generation
+            log.info("client disconnected: request to %s cancelled", model)
             response.cancel()
             raise
         except BackPressureError:
@@ -228,6 +229,7 @@ class Router:
                     break
                 ev = await anext(gen, None)
         except asyncio.CancelledError:  # the client went away: stop the replica's generation
+            log.info("client disconnected: stream %s cancelled", rid)
             gen.cancel()
             raise
         except REPLICA_GONE as e:
