@@ -22,7 +22,10 @@ import os
 
 # HAProxy's buffer holds a request head; above our gate's largest head (AppArgs.max_header_bytes, 32 KiB)
 # so that a head too large is still our 431 in OpenAI's shape, not HAProxy's bare 400
-CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152"}
+# A router replica that stops keeps answering this long so HAProxy stops sending to it (Serve's default
+# is 30 s, on top of our own drain: a shutdown with nothing in flight took 34 s)
+CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152",
+           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
 REPLICA = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
            "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
