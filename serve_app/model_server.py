@@ -187,4 +187,4 @@ class ModelServer:
     def __del__(self):
         engine = getattr(self, "engine", None)
         if engine is not None:
-            engine.close(timeout=1.0)
+            engine.close(timeout=3.0)
