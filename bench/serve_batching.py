@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from http_client import completion_text  # noqa: E402  (bench/, beside this script)
+from local_app import local_app  # noqa: E402
 
 
 def body(args, i):
@@ -52,32 +51,9 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-    import yaml
-    from ray import serve
-
-    from serve_app.app import build_app
-    from serve_app.config import AppArgs
-
-    app_args = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["applications"][0]["args"]
-    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        app_args.update(tiny_dir=tmp, base_dir=tmp)
-        for m in app_args["models"]:
-            m["path"] = str(Path(tmp) / Path(m["path"]).name)
-        from serve_app.ray_env import apply_cluster_env
-
-        apply_cluster_env()  # what `python -m serve_app.run` gives the cluster it starts (HAProxy ingress)
-        ray.init(include_dashboard=False, log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(AppArgs(**app_args)), name="bench", route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
+    with local_app() as (url, _):
         bodies = [body(args, i) for i in range(args.requests)]
         solo, t_solo, together, t_together = asyncio.run(measure(url, bodies))
-        serve.shutdown()
-        ray.shutdown()
     assert together == solo, "a concurrent answer differs from its one-at-a-time answer"
     n = args.requests * args.tokens
     print(f"{args.model} via configs/local.yaml (cpu, max_batch from the config), {args.requests} requests x "

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from http_client import completion_text  # noqa: E402  (bench/, beside this script)
+from local_app import local_app  # noqa: E402
 
 GOALS = {"concurrent": 0.8, "one at a time": 0.9}
 
@@ -77,35 +76,14 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from serve_app.ray_env import apply_cluster_env
-
-    added = apply_cluster_env()  # what `python -m serve_app.run` gives the cluster it starts
-    ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Ray's proxy"
-    import ray
-    import yaml
-    from ray import serve
-
     from neuron_workers.factory import build_engine
-    from serve_app.app import build_app
-    from serve_app.config import AppArgs
 
-    app_args = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["applications"][0]["args"]
     texts, n = prompts(args.requests), args.requests * args.tokens
     rates: dict[tuple[str, str], list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        app_args.update(tiny_dir=tmp, base_dir=tmp)
-        for m in app_args["models"]:
-            m["path"] = str(Path(tmp) / Path(m["path"]).name)
-        built = AppArgs(**app_args)
-        ray.init(include_dashboard=False, log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(built), name="bench", route_prefix="/")
-        spec = next(m for m in AppArgs(**app_args).models if m.name == args.model)
+    with local_app() as (url, built):  # the cluster's environment is set now
+        ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Ray's proxy"
+        spec = next(m for m in built.models if m.name == args.model)
         engine = build_engine(spec.engine_config())  # the replica's settings (threads, max_batch, backend)
-        url = f"http://127.0.0.1:{port}"
         tok = engine.tokenizer
         in_process(engine, texts[:2], 4, True)  # warm-up
         asyncio.run(over_http(url, args.model, texts[:2], 4, True, True))
@@ -119,9 +97,7 @@ def main() -> int:
                     secs, got = asyncio.run(over_http(url, args.model, texts, args.tokens, stream, together))
                     assert got == want, f"an HTTP answer differs from the in-process one ({how}, stream={stream})"
                     rates.setdefault((how, "streamed" if stream else "non-streamed"), []).append(n / secs)
-        serve.shutdown()
-        ray.shutdown()
-    print(f"ingress: {ingress}{' (serve_app/ray_env.py)' if added else ''}")
+    print(f"ingress: {ingress}")
     print(f"{args.model} via configs/local.yaml (max_batch {engine.max_batch}, {spec.backend}), {args.requests} "
           f"greedy requests x {args.tokens} tokens, median of {args.rounds} rounds; HTTP answers identical: yes")
     for how in ("concurrent", "one at a time"):

@@ -1,0 +1,44 @@
+"""What the serving benches share: configs/local.yaml's app served on a free port of 127.0.0.1 from a
+temporary directory (its tiny checkpoints written there), on a local Ray cluster started as
+`python -m serve_app.run` starts one (serve_app/ray_env.py: HAProxy in front unless the environment says
+otherwise)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def local_app():
+    """Yields (base URL, the app's AppArgs); shuts Serve and Ray down after."""
+    import ray
+    import yaml
+    from ray import serve
+
+    from serve_app.app import build_app
+    from serve_app.config import AppArgs
+    from serve_app.ray_env import apply_cluster_env
+
+    app_args = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["applications"][0]["args"]
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        app_args.update(tiny_dir=tmp, base_dir=tmp)
+        for m in app_args["models"]:
+            m["path"] = str(Path(tmp) / Path(m["path"]).name)
+        built = AppArgs(**app_args)
+        apply_cluster_env()  # before Ray starts: a local cluster's processes inherit it
+        ray.init(include_dashboard=False, log_to_driver=False)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build_app(built), name="bench", route_prefix="/")
+            yield f"http://127.0.0.1:{port}", built
+        finally:
+            serve.shutdown()
+            ray.shutdown()
