@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from http_client import completion_text  # noqa: E402  (bench/, beside this script)
+from http_client import CLIENTS, client, completion_text  # noqa: E402  (bench/, beside this script)
 from local_app import local_app  # noqa: E402
 
 GOALS = {"concurrent": 0.8, "one at a time": 0.9}
@@ -55,16 +55,31 @@ def body(model, text, tokens, stream) -> dict:
             "stream": stream}
 
 
-async def over_http(url, model, texts, tokens, stream, together: bool) -> tuple[float, list[str]]:
-    import httpx
+async def over_http(h, url, model, texts, tokens, stream, together: bool) -> tuple[float, list[str]]:
+    """`h`: the client, its pool of connections kept alive (a real client's, opened at warm-up)."""
+    t = time.perf_counter()
+    if together:
+        out = await asyncio.gather(*(completion_text(h, url, body(model, x, tokens, stream)) for x in texts))
+    else:
+        out = [await completion_text(h, url, body(model, x, tokens, stream)) for x in texts]
+    return time.perf_counter() - t, list(out)
 
-    async with httpx.AsyncClient(timeout=300) as h:
-        t = time.perf_counter()
-        if together:
-            out = await asyncio.gather(*(completion_text(h, url, body(model, x, tokens, stream)) for x in texts))
-        else:
-            out = [await completion_text(h, url, body(model, x, tokens, stream)) for x in texts]
-        return time.perf_counter() - t, list(out)
+
+async def measure(url, args, engine, texts, rates) -> None:
+    """The rounds: in-process and over HTTP (streamed, then not), 8 together and then one at a time."""
+    n, tok = args.requests * args.tokens, engine.tokenizer
+    async with client(args.client, args.requests) as h:
+        await over_http(h, url, args.model, texts, 4, True, True)  # warm-up: opens the pool
+        for _ in range(args.rounds):
+            for together in (True, False):
+                how = "concurrent" if together else "one at a time"
+                secs, ids = in_process(engine, texts, args.tokens, together)
+                rates.setdefault((how, "in-process"), []).append(n / secs)
+                want = [tok.decode(i, skip_special_tokens=True) for i in ids]
+                for stream in (True, False):
+                    secs, got = await over_http(h, url, args.model, texts, args.tokens, stream, together)
+                    assert got == want, f"an HTTP answer differs from the in-process one ({how}, stream={stream})"
+                    rates.setdefault((how, "streamed" if stream else "non-streamed"), []).append(n / secs)
 
 
 def main() -> int:
@@ -73,31 +88,21 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--client", choices=CLIENTS, default="aiohttp", help="the HTTP client (default aiohttp)")
     args = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from neuron_workers.factory import build_engine
 
-    texts, n = prompts(args.requests), args.requests * args.tokens
+    texts = prompts(args.requests)
     rates: dict[tuple[str, str], list[float]] = {}
     with local_app() as (url, built):  # the cluster's environment is set now
         ingress = "HAProxy" if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Ray's proxy"
         spec = next(m for m in built.models if m.name == args.model)
         engine = build_engine(spec.engine_config())  # the replica's settings (threads, max_batch, backend)
-        tok = engine.tokenizer
         in_process(engine, texts[:2], 4, True)  # warm-up
-        asyncio.run(over_http(url, args.model, texts[:2], 4, True, True))
-        for _ in range(args.rounds):
-            for together in (True, False):
-                how = "concurrent" if together else "one at a time"
-                secs, ids = in_process(engine, texts, args.tokens, together)
-                rates.setdefault((how, "in-process"), []).append(n / secs)
-                want = [tok.decode(i, skip_special_tokens=True) for i in ids]
-                for stream in (True, False):
-                    secs, got = asyncio.run(over_http(url, args.model, texts, args.tokens, stream, together))
-                    assert got == want, f"an HTTP answer differs from the in-process one ({how}, stream={stream})"
-                    rates.setdefault((how, "streamed" if stream else "non-streamed"), []).append(n / secs)
-    print(f"ingress: {ingress}")
+        asyncio.run(measure(url, args, engine, texts, rates))
+    print(f"ingress: {ingress}; client: {args.client}, connections kept alive")
     print(f"{args.model} via configs/local.yaml (max_batch {engine.max_batch}, {spec.backend}), {args.requests} "
           f"greedy requests x {args.tokens} tokens, median of {args.rounds} rounds; HTTP answers identical: yes")
     for how in ("concurrent", "one at a time"):

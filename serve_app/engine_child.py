@@ -1,6 +1,8 @@
 """The engine process's own side (`serve_app.engine_process` starts it): it builds the replica's engine,
 prepares each request (tokenize, validate, compile its grammar), runs the continuous-batching loop
-(`EngineLoop`) and sends every step's events and counts back as one message.
+(`EngineLoop`) and sends the events back as they fall due (`serve_app.pacing`: a stream's first tokens and
+every request's last event at once, a stream's other tokens once per interval, a non-streaming request's
+with its last), at most one message per step.
 
 Threads here: the main thread reads the replica's commands and prepares requests (a request that
 cannot run is refused at once, a `Refused` event naming the param); the engine thread steps. Nothing of
@@ -9,7 +11,10 @@ Ray runs in this process, so the engine thread shares its interpreter lock with 
 Messages to the replica (pickled over the pipe):
 - ("ready", info) once the engine is built, or ("error", message, code, param, user) if it cannot be;
 - ("prepared", rid, prompt_tokens) or ("refused", rid, Failed) per request;
-- ("step", [(rid, event, logprob_entry, admitted_at), ...], StepStats) per engine step.
+- ("step", [(rid, event, logprob_entry, admitted_at, at), ...], StepStats, steps, decoded) after a step
+  that made a request's message due, or that left the engine idle, and at least every STATS_PERIOD_S
+  while it runs; `at` is when the event was made, `steps` the steps so far, `decoded` the rows of each
+  step since the last message (times are perf_counter's: one clock per host).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from neuron_workers.errors import UserError
 from serve_app import prepare
 from serve_app.config import ModelSpec
 from serve_app.events import Failed, GenerateRequest
+from serve_app.pacing import Pacer
 
 log = logging.getLogger(__name__)
+STATS_PERIOD_S = 0.25  # the replica's gauges hear from a running engine at least this often
 
 
 def import_attr(path: str):
@@ -81,7 +88,9 @@ class EngineChild:
         self.send_lock = threading.Lock()
         self.rids: dict[int, int] = {}  # request id -> sequence id
         self.seqs: dict[int, tuple[int, object]] = {}  # sequence id -> (request id, sequence)
-        self.pending: list[tuple] = []  # this step's events (engine thread only)
+        self.pacer = Pacer(spec.stream_interval_ms / 1e3, spec.stream_messages_per_s)
+        self.decoded: list[int] = []  # rows of each step since the last message (engine thread only)
+        self.sent_at = 0.0  # when the last step message went (engine thread only)
         self.loop = EngineLoop(engine, name=f"engine-{spec.name}", on_step=self._flush)
 
     def send(self, msg) -> None:
@@ -130,17 +139,19 @@ class EngineChild:
             return
         self.rids[rid] = seq.seq_id
         self.seqs[seq.seq_id] = (rid, seq)
+        self.pacer.add(rid, req.stream)
         self.send(("prepared", rid, len(seq.prompt_ids)))
         self.loop.submit(seq, self._sink)
 
     def _cancel(self, rid: int) -> None:
         seq_id = self.rids.pop(rid, None)
+        self.pacer.drop(rid)
         if seq_id is not None:
             self.seqs.pop(seq_id, None)
             self.loop.cancel(seq_id)
 
     def _sink(self, ev) -> None:
-        """Engine thread: keep the event for this step's message (with the logprob entry, token text
+        """Engine thread: hold the event until its message is due (with the logprob entry, token text
         included, so the replica needs no tokenizer)."""
         rid, seq = self.seqs.get(ev.seq_id, (None, None))
         if rid is None:
@@ -151,15 +162,22 @@ class EngineChild:
                 entry = prepare.logprob_entry(self.engine.tokenizer, ev)
             except Exception:  # the token still goes out (a lost event would hang its request)
                 log.exception("logprob entry failed for sequence %d", ev.seq_id)
-        self.pending.append((rid, ev, entry, seq.admitted_at))
+        self.pacer.hold(rid, (rid, ev, entry, seq.admitted_at, time.perf_counter()), ev.final)
         if ev.final:
             self.seqs.pop(ev.seq_id, None)
             self.rids.pop(rid, None)
 
     def _flush(self, stats: StepStats) -> None:
-        events, self.pending = self.pending, []
+        """Engine thread, after each step: send what is due, with the engine's counts."""
+        self.decoded.append(stats.decoded)
+        now = time.perf_counter()
+        events = self.pacer.take_due(now)
+        idle = not (stats.running or stats.waiting)
+        if not (events or idle or now - self.sent_at >= STATS_PERIOD_S):
+            return
+        decoded, self.decoded, self.sent_at = tuple(self.decoded), [], now
         try:
-            self.send(("step", events, stats))
+            self.send(("step", events, stats, self.loop.steps, decoded))
         except OSError:  # the replica is gone: the reader sees the end of the socket
             pass
         except Exception:  # an event that does not pickle, say: log it, keep the engine thread

@@ -11,9 +11,9 @@ threads, not multiprocessing's spawn, which would re-run the replica's main modu
 environment and import path, so NEURON_RT_VISIBLE_CORES, which Ray set for the replica, pins the child
 to the replica's cores, and its output goes where the replica's stdout / stderr go (the worker's log
 files). Commands go down a socket pair as pickled messages, written by a writer thread (a large prompt
-never blocks the event loop); one message per engine step comes back, read by one thread that hands
-each event to its request's sink. The child ends when the socket closes or its parent is gone (it
-checks while it loads), so it does not outlive its replica.
+never blocks the event loop); events come back as their messages fall due (`serve_app.pacing`), read
+by one thread that hands each event to its request's sink. The child ends when the socket closes or
+its parent is gone (it checks while it loads), so it does not outlive its replica.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class Token:
     event: object  # neuron_workers.engine.events.TokenEvent | ErrorEvent
     logprob_entry: dict | None  # OpenAI's shape for this token's logprobs, when asked
     admitted_at: float | None  # when the sequence got its batch slot (perf_counter: one clock per host)
+    at: float | None = None  # when the engine made it (perf_counter); None: an event of this process's own
 
     @property
     def final(self) -> bool:
@@ -164,13 +165,12 @@ class EngineProcess:
     def _dispatch(self, msg) -> None:
         op = msg[0]
         if op == "step":
-            _, events, stats = msg
-            for rid, ev, entry, admitted_at in events:
-                self._deliver(rid, Token(ev, entry, admitted_at))
-            self.steps += 1
-            self.stats = stats
+            _, events, stats, steps, decoded = msg
+            for rid, ev, entry, admitted_at, at in events:
+                self._deliver(rid, Token(ev, entry, admitted_at, at))
+            self.steps, self.stats = steps, stats
             if self.on_step is not None:
-                self.on_step(stats)
+                self.on_step(stats, decoded)
         elif op == "prepared":
             self._deliver(msg[1], Prepared(msg[2]))
         elif op == "refused":

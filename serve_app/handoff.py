@@ -1,21 +1,20 @@
 """Events from the thread that receives them (the replica's engine reader, `engine_process.py`: one
-message per engine step) to the replica's event loop, with as few wake-ups of the loop as the stream needs.
+message from the engine process at a time, already paced by `serve_app.pacing`) to the replica's event
+loop, with as few wake-ups of the loop as the request needs.
 Every wake-up is a self-pipe write, a GIL hand-off and a coroutine resumption, all CPU the busy host's
 engine and Serve compete for.
 
 - `Handoff`: one per event loop. Another thread's calls are queued and run on the loop in one batch;
   only the first call after a batch schedules it (`call_soon_threadsafe`): one wake-up per engine step
-  for every request that needs waking in that step.
-- `Inbox`: one per request. The reader thread appends each event; the request's coroutine is woken only
-  when its next message is due: at once for a final event, else not before the time it asked for (a
-  stream's next interval; a non-streaming request asks for the final event only).
+  for every request that needs waking in that message.
+- `Inbox`: one per request. The reader thread appends each event; the request's coroutine is woken by
+  any event if it is a stream, else by its final event only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 
 class Handoff:
@@ -50,39 +49,32 @@ class Inbox:
         self.handoff, self.items, self.lock = handoff, [], threading.Lock()
         self.final = False  # a final event is waiting
         self.waiter: asyncio.Future | None = None
-        self.not_before: float | None = None  # the waiter's time (perf_counter); None: only a final event wakes it
+        self.any = False  # the waiter wakes for any event (a stream), not only a final one
 
     def push(self, at: float, event) -> None:
-        """Reader thread: keep the event; wake the request if it is waiting and this makes a message due."""
+        """Reader thread: keep the event (made at `at`, perf_counter); wake the request if it waits for it."""
         with self.lock:
             self.items.append((at, event))
             self.final = self.final or event.final
             fut = self.waiter
-            if fut is None or not (event.final or (self.not_before is not None and at >= self.not_before)):
+            if fut is None or not (event.final or self.any):
                 return
             self.waiter = None
         self.handoff.call(_wake, fut)
 
-    async def take(self, not_before: float | None) -> list:
-        """Every event pushed so far, once there is one and a message is due: a final event is there, or
-        `not_before` (perf_counter) has passed. None waits for the final event."""
+    async def take(self, until_final: bool) -> list:
+        """Every (time, event) pushed so far, once there is one (`until_final`: once the final one is there)."""
         loop = asyncio.get_running_loop()
         while True:
             with self.lock:
-                due = self.final or (not_before is not None and time.perf_counter() >= not_before)
-                if self.items and due:
+                if self.items and (self.final or not until_final):
                     items, self.items = self.items, []
                     return items
                 fut = self.waiter = loop.create_future()
-                self.not_before = not_before
-            timer, wait = None, (not_before - time.perf_counter()) if not_before is not None else 0.0
-            if wait > 0:  # events pushed before then do not wake us: look again when they are due
-                timer = loop.call_later(wait, _wake, fut)
+                self.any = not until_final
             try:
                 await fut
             finally:
-                if timer is not None:
-                    timer.cancel()
                 with self.lock:
                     if self.waiter is fut:
                         self.waiter = None

@@ -39,10 +39,12 @@ class ServerMetrics:
     def request(self) -> "RequestTimer":
         return RequestTimer(self)
 
-    def step(self, stats) -> None:
-        """Called by the replica's engine reader thread after every step (an `engine.loop.StepStats`)."""
-        if stats.decoded:
-            self.occupancy.observe(stats.decoded / stats.max_batch)
+    def step(self, stats, decoded: tuple[int, ...]) -> None:
+        """Called by the replica's engine reader thread for each message of the engine process: its latest
+        counts (an `engine.loop.StepStats`) and the decode rows of every step since the last message."""
+        for rows in decoded:
+            if rows:
+                self.occupancy.observe(rows / stats.max_batch)
         now = time.perf_counter()
         if now - self._gauges_at >= GAUGE_PERIOD_S or not (stats.running or stats.waiting):
             self._gauges_at = now

@@ -8,10 +8,10 @@ in this process never holds the interpreter lock the engine's steps need.
 
 `generate` (streams) is an async generator of `serve_app.events` values, `complete` (non-streaming) one
 call returning the `Finished`. Each request becomes a sequence in the engine's scheduler; its events
-come back through a `handoff.Inbox`. A stream yields coalesced `Delta`s (every token that arrived since
-the last yield, at most one message per `stream_interval_ms`: each message costs more than a token on
-2 busy cores) and a `Finished` carrying the tail. A client that disconnects cancels the request: its
-sequence leaves the batch (or the waiting queue) at the next step boundary. Serve's
+come back through a `handoff.Inbox`, as the engine process paces them (`serve_app.pacing`: a stream's
+tokens at most once per `stream_interval_ms`, each message costs more than a token on busy cores). A
+stream yields a `Delta` per message and a `Finished` carrying the tail. A client that disconnects
+cancels the request: its sequence leaves the batch (or the waiting queue) at the next step boundary. Serve's
 `max_ongoing_requests` bounds the requests a replica holds (running + waiting in the engine); beyond
 `max_queued_requests` callers are turned away with 503.
 """
@@ -26,7 +26,7 @@ import time
 
 from neuron_workers.engine.events import ErrorEvent
 from serve_app.config import ModelSpec
-from serve_app.engine_process import EngineProcess, Prepared, Refused
+from serve_app.engine_process import EngineProcess, Prepared, Refused, Token
 from serve_app.events import HEADERS_WITHIN_S, Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.handoff import Handoff, Inbox
 from serve_app.metrics import ServerMetrics
@@ -63,7 +63,6 @@ class ModelServer:
         self.spec = ModelSpec(**spec)
         self.cores = check_visible_cores(self.spec)
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
-        self.streams = 0  # streaming requests in flight (they share stream_messages_per_s)
         self.metrics = ServerMetrics(self.spec.name)
         self.engine = build_engine_here(self.spec, lambda s: EngineProcess(s, on_step=self.metrics.step))
         log.info("model %s ready (backend %s, tp %d, cores %s, context %d, max_batch %d)", self.spec.name,
@@ -120,11 +119,10 @@ class ModelServer:
                 prompt[0] = item.prompt_tokens
                 timer.prompt(item.prompt_tokens)
             else:
-                inbox.push(time.perf_counter(), item)
+                inbox.push(item.at if isinstance(item, Token) and item.at else time.perf_counter(), item)
 
         rid = self.engine.submit(req, sink)
-        text, ids, lps, n, sent, done = [], [], [], 0, 0.0, False
-        self.streams += stream
+        text, ids, lps, n, done = [], [], [], 0, False
         try:
             if stream:  # a refusal is a status code: no Started before the request is prepared
                 await answered
@@ -132,9 +130,9 @@ class ModelServer:
             if stream and batch is None:
                 yield Started(prompt[0])
             while True:
-                # a stream wakes at most once per interval, a non-streaming request only for its last event
+                # a stream wakes for each message of the engine process, a non-streaming request for its last
                 if batch is None:
-                    batch = await inbox.take(sent + self._stream_interval() if stream else None)
+                    batch = await inbox.take(until_final=not stream)
                 for _, item in batch:
                     if isinstance(item, Refused):
                         done = True
@@ -158,9 +156,8 @@ class ModelServer:
                     return
                 if stream and ids:
                     yield Delta("".join(text), tuple(ids), tuple(lps))
-                    text, ids, lps, sent = [], [], [], time.perf_counter()
+                    text, ids, lps = [], [], []
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
-            self.streams -= stream
             if not done:
                 self.engine.cancel(rid)
 
@@ -168,14 +165,9 @@ class ModelServer:
     async def _first(inbox: Inbox) -> list | None:
         """A stream's first events, if they come within HEADERS_WITHIN_S; None: send `Started` first."""
         try:
-            return await asyncio.wait_for(inbox.take(0.0), HEADERS_WITHIN_S)
+            return await asyncio.wait_for(inbox.take(until_final=False), HEADERS_WITHIN_S)
         except TimeoutError:
             return None
-
-    def _stream_interval(self) -> float:
-        """Seconds between a stream's messages: stream_interval_ms, longer when the replica's streams together
-        would send more than stream_messages_per_s."""
-        return max(self.spec.stream_interval_ms / 1e3, self.streams / self.spec.stream_messages_per_s)
 
     def _handoff(self) -> Handoff:
         """The reader thread -> event loop hand-off, one per loop (one wake-up per step for all requests)."""

@@ -1,6 +1,7 @@
 """The replica's engine in its own process (serve_app/engine_process.py), over the fake engine: a request's
-events in order with one message per step, a refusal naming the param, cancel freeing the slot, a start
-failure raised in the replica, and a child that dies failing what it held and the health check. Also
+events in order, paced (serve_app/pacing.py) rather than one message per step, a refusal naming the
+param, cancel freeing the slot, a start failure raised in the replica, and a child that dies failing what
+it held and the health check. Also
 the replica's messages: a non-streaming request is one `Finished`, a stream's tail rides on `Finished`,
 and `Started` goes out only when the first token is late."""
 
@@ -62,6 +63,42 @@ def test_a_request_that_cannot_run_is_refused_naming_its_param(proc):
     (item,) = take_until_final(q)
     assert isinstance(item, Refused) and item.failed.status == 400
     assert item.failed.param == "prompt" and item.failed.code == "context_length_exceeded"
+
+
+def test_events_come_back_paced_not_one_message_per_step():
+    """A non-streaming request's tokens arrive in one message with its last; a stream's first token at once,
+    the rest at most once per stream_interval_ms; each token keeps the time the engine made it."""
+    p = EngineProcess(spec(step_s=0.005, stream_interval_ms=50))
+    try:
+        messages = []
+        dispatch = p._dispatch
+        p._dispatch = lambda msg: (messages.append([e[1].token_id for e in msg[1]]) if msg[0] == "step" else None,
+                                   dispatch(msg))
+        for stream in (False, True):
+            messages.clear()
+            q = queue.Queue()
+            p.submit(completion(20, stream=stream), lambda item, q=q: q.put((time.perf_counter(), item)))
+            got = take_until_final_timed(q)
+            with_tokens = [m for m in messages if m]
+            ats = [item.at for _, item in got]
+            assert len(ats) == 20 and ats == sorted(ats) and all(item.at <= seen for seen, item in got)
+            if not stream:
+                assert len(with_tokens) == 1 and len(with_tokens[0]) == 20
+            else:  # 20 steps of 5 ms: the first tokens, then every 50 ms, then the last
+                assert len(with_tokens[0]) <= 3 and 2 <= len(with_tokens) <= 5, with_tokens
+        assert p.steps >= 30  # the child's own count of steps (about one per token), though few messages came
+    finally:
+        p.close()
+
+
+def take_until_final_timed(q: queue.Queue, timeout=20.0) -> list:
+    """(arrival, Token) pairs of one request, its Prepared skipped."""
+    out = []
+    while not out or not out[-1][1].final:
+        seen, item = q.get(timeout=timeout)
+        if not isinstance(item, Prepared):
+            out.append((seen, item))
+    return out
 
 
 def test_cancel_frees_the_slot_for_the_next_request():
