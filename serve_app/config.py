@@ -38,7 +38,8 @@ class ModelSpec(EngineFields):
     name: str = Field(description="Model name clients send as `model`")
     path: str = Field(description="Hugging Face checkpoint directory (config, weights, tokenizer)")
     stream_interval_ms: float = Field(40.0, ge=0, description="A stream sends at most one message per interval, "
-                                      "with every token generated since the last (0: one message per token)")
+                                      "with every token generated since the last (0: as often as "
+                                      "stream_messages_per_s allows)")
     stream_messages_per_s: float = Field(100.0, gt=0, description="Messages a replica's streams send per second "
                                          "together, at most: with many streams each one's interval grows past "
                                          "stream_interval_ms (a message costs CPU in the replica, router and proxy)")

@@ -5,8 +5,8 @@ Every wake-up is a self-pipe write, a GIL hand-off and a coroutine resumption, a
 engine and Serve compete for.
 
 - `Handoff`: one per event loop. Another thread's calls are queued and run on the loop in one batch;
-  only the first call after a batch schedules it (`call_soon_threadsafe`): one wake-up per engine step
-  for every request that needs waking in that message.
+  only the first call after a batch schedules it (`call_soon_threadsafe`): one wake-up per message of
+  the engine process for every request that needs waking in it.
 - `Inbox`: one per request. The reader thread appends each event; the request's coroutine is woken by
   any event if it is a stream, else by its final event only.
 """

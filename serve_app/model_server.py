@@ -170,7 +170,7 @@ class ModelServer:
             return None
 
     def _handoff(self) -> Handoff:
-        """The reader thread -> event loop hand-off, one per loop (one wake-up per step for all requests)."""
+        """The reader thread -> event loop hand-off, one per loop (one wake-up per message for all requests)."""
         loop = asyncio.get_running_loop()
         if getattr(self, "_handoff_", None) is None or self._handoff_.loop is not loop:
             self._handoff_ = Handoff(loop)

@@ -1,10 +1,11 @@
 """Pacing: which requests' events the engine process (`serve_app.engine_child`) sends the replica after a
 step, and when it sends anything at all.
 
-Every message crosses the socket between the two processes and wakes the replica's reader: on a busy
-host that costs the engine's steps (one message per step slowed a lone B=1 decode by about 7% on 2
-vCPUs, bench/serve_efficiency.py), and every `Delta` the replica yields costs it, the router and the
-proxy more. So events are held here and go out when a message is due for their request:
+Every message crosses the socket between the two processes and wakes the replica's reader, and every
+`Delta` the replica yields costs it, the router and the proxy more. One message per step cost a lone
+request 2-8% of its engine time and the replica twice the CPU (`bench/engine_process.py`, 2 vCPUs: 94
+messages for two 48-token requests against 2 to 10 paced). So events are held here and go out when a
+message is due for their request:
 
 - a request's last event (finished or failed), at once;
 - a stream's first tokens, at once (time to first token);
