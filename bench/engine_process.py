@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from local_app import on_cpus  # noqa: E402  (bench/, beside this script)
+
 
 def local_spec(model: str, tmp: str):
     """configs/local.yaml's spec of `model`, its tiny checkpoint written under tmp."""
@@ -101,7 +103,8 @@ def main() -> int:
             load: dict[tuple[str, str], list[tuple[int, float]]] = {}
             for _ in range(args.rounds + 1):  # the first round warms up
                 for how, batch in (("one at a time", [[x] for x in texts[:2]]), ("together", [texts])):
-                    secs, want = zip(*(in_process(engine, b, args.tokens) for b in batch))
+                    with on_cpus(spec.engine_cpus):  # where the engine process runs
+                        secs, want = zip(*(in_process(engine, b, args.tokens) for b in batch))
                     times.setdefault((how, "in-process"), []).append(sum(secs))
                     for stream in (True, False):
                         messages.clear()

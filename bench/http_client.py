@@ -1,6 +1,7 @@
 """What the serving benches share: one /v1/completions request over HTTP, streamed or not, returning its
 text (a stream's deltas joined), with either of two clients: httpx, or aiohttp (what vLLM's serving
-benchmark uses; it takes about a third of httpx's CPU per request, CPU the server shares on one host)."""
+benchmark uses; it takes a quarter to a half of httpx's CPU per request, CPU the server shares on one
+host)."""
 
 from __future__ import annotations
 

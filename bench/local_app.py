@@ -1,16 +1,34 @@
 """What the serving benches share: configs/local.yaml's app served on a free port of 127.0.0.1 from a
 temporary directory (its tiny checkpoints written there), on a local Ray cluster started as
 `python -m serve_app.run` starts one (serve_app/ray_env.py: HAProxy in front unless the environment says
-otherwise)."""
+otherwise); and `on_cpus`, which runs a bench's in-process engine on the CPUs the replica's engine
+process gets (`engine_cpus`), so both sides of a ratio run with the replica's settings."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def on_cpus(wanted: list[int] | None):
+    """This thread on `wanted` (a ModelSpec's engine_cpus) inside the block; nothing when unset."""
+    if not wanted or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    from serve_app.engine_child import resolve_cpus
+
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, resolve_cpus(wanted, sorted(before)))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ The cluster gets what `python -m serve_app.run` gives one (serve_app/ray_env.py:
 `RAY_SERVE_ENABLE_HA_PROXY=0 python bench/serve_efficiency.py` measures Ray's Python proxy instead (what
 plain `serve run` gives). Prints tokens/s of each (median of the rounds) and the ratios HTTP / in-process
 (goals: concurrent >= 0.8, one at a time >= 0.9), for streamed and non-streamed requests. Every HTTP
-answer must equal the in-process one (greedy).
+answer must equal the in-process one (greedy). The in-process engine runs on the CPUs the replica's
+engine process gets (`engine_cpus`), the client on any; the client is aiohttp (what vLLM's serving
+benchmark uses), its connections kept alive (`--client httpx` for httpx).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from http_client import CLIENTS, client, completion_text  # noqa: E402  (bench/, beside this script)
-from local_app import local_app  # noqa: E402
+from local_app import local_app, on_cpus  # noqa: E402
 
 GOALS = {"concurrent": 0.8, "one at a time": 0.9}
 
@@ -65,7 +67,7 @@ async def over_http(h, url, model, texts, tokens, stream, together: bool) -> tup
     return time.perf_counter() - t, list(out)
 
 
-async def measure(url, args, engine, texts, rates) -> None:
+async def measure(url, args, engine, cpus, texts, rates) -> None:
     """The rounds: in-process and over HTTP (streamed, then not), 8 together and then one at a time."""
     n, tok = args.requests * args.tokens, engine.tokenizer
     async with client(args.client, args.requests) as h:
@@ -73,7 +75,8 @@ async def measure(url, args, engine, texts, rates) -> None:
         for _ in range(args.rounds):
             for together in (True, False):
                 how = "concurrent" if together else "one at a time"
-                secs, ids = in_process(engine, texts, args.tokens, together)
+                with on_cpus(cpus):  # the CPUs the replica's engine process runs on
+                    secs, ids = in_process(engine, texts, args.tokens, together)
                 rates.setdefault((how, "in-process"), []).append(n / secs)
                 want = [tok.decode(i, skip_special_tokens=True) for i in ids]
                 for stream in (True, False):
@@ -101,9 +104,10 @@ def main() -> int:
         spec = next(m for m in built.models if m.name == args.model)
         engine = build_engine(spec.engine_config())  # the replica's settings (threads, max_batch, backend)
         in_process(engine, texts[:2], 4, True)  # warm-up
-        asyncio.run(measure(url, args, engine, texts, rates))
+        asyncio.run(measure(url, args, engine, spec.engine_cpus, texts, rates))
     print(f"ingress: {ingress}; client: {args.client}, connections kept alive")
-    print(f"{args.model} via configs/local.yaml (max_batch {engine.max_batch}, {spec.backend}), {args.requests} "
+    print(f"{args.model} via configs/local.yaml (max_batch {engine.max_batch}, {spec.backend}, engine_cpus "
+          f"{spec.engine_cpus}), {args.requests} "
           f"greedy requests x {args.tokens} tokens, median of {args.rounds} rounds; HTTP answers identical: yes")
     for how in ("concurrent", "one at a time"):
         base = statistics.median(rates[(how, "in-process")])

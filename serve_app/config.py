@@ -43,6 +43,11 @@ class ModelSpec(EngineFields):
     stream_messages_per_s: float = Field(100.0, gt=0, description="Messages a replica's streams send per second "
                                          "together, at most: with many streams each one's interval grows past "
                                          "stream_interval_ms (a message costs CPU in the replica, router and proxy)")
+    engine_cpus: list[int] | None = Field(
+        None, min_length=1, description="Host CPUs the engine process (and the rank processes it starts) runs "
+        "on; negative counts from the end of the CPUs the replica may use ([-1]: the last, wrapping where there "
+        "are fewer). Kept on its own CPU, the engine's steps are not moved between CPUs as Serve's work comes "
+        "and goes. Every replica of the model on a node gets the same CPUs. None: wherever the OS runs it")
     engine: str = Field("serve_app.engines:build_worker_engine",
                         description="Import path of the engine factory: spec -> engine (default: the real one)")
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")

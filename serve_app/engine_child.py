@@ -55,6 +55,7 @@ def main(fd: int) -> int:
         return 0
     spec_ = ModelSpec(**spec)
     try:
+        cpus = pin(spec_.engine_cpus)
         engine = import_attr(factory)(spec_)
     except UserError as e:
         conn.send(("error", str(e), e.code, e.param, True))
@@ -64,8 +65,36 @@ def main(fd: int) -> int:
         conn.send(("error", f"{type(e).__name__}: {e}", None, None, False))
         return 1
     child = EngineChild(conn, engine, spec_)
-    child.send(("ready", {"max_context": engine.max_context, "max_batch": engine.max_batch}))
+    child.send(("ready", {"max_context": engine.max_context, "max_batch": engine.max_batch, "cpus": cpus}))
     return child.serve()
+
+
+def resolve_cpus(wanted: list[int], allowed: list[int]) -> list[int]:
+    """`ModelSpec.engine_cpus` on a host where this process may run on `allowed` (sorted): non-negative
+    entries are CPU numbers, negative ones count from the end of `allowed`, wrapping."""
+    out = set()
+    for c in wanted:
+        if c < 0:
+            out.add(allowed[c % len(allowed)])
+        elif c in allowed:
+            out.add(c)
+        else:
+            raise UserError(f"engine_cpus: CPU {c} is not one this replica may run on ({allowed}); a negative "
+                            f"entry counts from the end of those", "invalid_value", "engine_cpus")
+    return sorted(out)
+
+
+def pin(wanted: list[int] | None) -> list[int] | None:
+    """Run this process (and what it starts) on `wanted` (`ModelSpec.engine_cpus`); returns the CPUs, None
+    when unset or where the OS has no CPU affinity."""
+    if not wanted:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        log.warning("engine_cpus ignored: this OS does not let a process choose its CPUs")
+        return None
+    cpus = resolve_cpus(wanted, sorted(os.sched_getaffinity(0)))
+    os.sched_setaffinity(0, cpus)
+    return cpus
 
 
 def watch_parent(period_s: float = 1.0) -> None:

@@ -65,17 +65,23 @@ class ModelServer:
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "active": 0}
         self.metrics = ServerMetrics(self.spec.name)
         self.engine = build_engine_here(self.spec, lambda s: EngineProcess(s, on_step=self.metrics.step))
-        log.info("model %s ready (backend %s, tp %d, cores %s, context %d, max_batch %d)", self.spec.name,
-                 self.spec.backend, self.spec.tp, self.cores, self.engine.max_context, self.engine.max_batch)
+        log.info("model %s ready (backend %s, tp %d, cores %s, context %d, max_batch %d, engine CPUs %s)",
+                 self.spec.name, self.spec.backend, self.spec.tp, self.cores, self.engine.max_context,
+                 self.engine.max_batch, self.engine_cpus or "any")
 
     async def ready(self) -> dict:
         return {"name": self.spec.name, "max_context": self.engine.max_context, "cores": self.cores,
-                "max_batch": self.engine.max_batch}
+                "max_batch": self.engine.max_batch, "engine_cpus": self.engine_cpus}
 
     async def get_stats(self) -> dict:
         s = self.engine.stats
         return {**self.stats, "engine_steps": self.engine.steps, "running": s.running if s else 0,
                 "waiting": s.waiting if s else 0}
+
+    @property
+    def engine_cpus(self) -> list[int] | None:
+        """The host CPUs the engine process runs on (None: wherever the OS runs it)."""
+        return getattr(self.engine, "info", {}).get("cpus")
 
     def check_health(self) -> None:
         """Serve's health probe: a replica whose engine process died cannot serve."""

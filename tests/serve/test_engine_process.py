@@ -1,13 +1,14 @@
 """The replica's engine in its own process (serve_app/engine_process.py), over the fake engine: a request's
 events in order, paced (serve_app/pacing.py) rather than one message per step, a refusal naming the
-param, cancel freeing the slot, a start failure raised in the replica, and a child that dies failing what
-it held and the health check. Also
+param, cancel freeing the slot, a start failure raised in the replica, the child on its `engine_cpus`, and
+a child that dies failing what it held and the health check. Also
 the replica's messages: a non-streaming request is one `Finished`, a stream's tail rides on `Finished`,
 and `Started` goes out only when the first token is late."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import time
 
@@ -138,6 +139,34 @@ def test_a_start_failure_is_raised_in_the_replica(tmp_path):
         EngineProcess(spec(engine="serve_app.engines:build_worker_engine", path=str(tmp_path)))
     with pytest.raises(RuntimeError, match="no_such_factory"):  # a bug: the replica fails to start, saying why
         EngineProcess(spec(engine="doubles.fake_engine:no_such_factory"))
+
+
+def test_engine_cpus_resolve_negative_entries_from_the_end_and_refuse_a_cpu_not_allowed():
+    from serve_app.engine_child import resolve_cpus
+
+    assert resolve_cpus([-1], [0, 1, 2, 3]) == [3]
+    assert resolve_cpus([-1, -2], [4, 6]) == [4, 6]
+    assert resolve_cpus([-3], [0, 1]) == [1]  # wraps where there are fewer CPUs
+    assert resolve_cpus([2, -1], [0, 2, 5]) == [2, 5]
+    with pytest.raises(UserError, match=r"CPU 7 is not one") as e:
+        resolve_cpus([7], [0, 1])
+    assert e.value.param == "engine_cpus"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="this OS has no CPU affinity")
+def test_the_engine_process_runs_on_its_engine_cpus():
+    last = max(os.sched_getaffinity(0))
+    p = EngineProcess(spec(engine_cpus=[-1]))
+    try:
+        assert p.info["cpus"] == [last] and os.sched_getaffinity(p.proc.pid) == {last}
+        q = queue.Queue()
+        p.submit(completion(3), q.put)
+        assert take_until_final(q)[-1].event.finish_reason == "length"
+    finally:
+        p.close()
+    with pytest.raises(UserError, match="engine_cpus") as e:  # the replica fails to start, saying why
+        EngineProcess(spec(engine_cpus=[100_000]))
+    assert e.value.param == "engine_cpus"
 
 
 def test_a_child_that_dies_fails_what_it_held_and_the_health_check():
