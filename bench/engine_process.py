@@ -1,6 +1,6 @@
 """What the process boundary alone costs: the same greedy requests on the replica's engine run in this
 process and through `serve_app.engine_process.EngineProcess` (the engine in a process of its own, as a
-replica runs it; no Ray, no HTTP), one at a time and 8 together, streamed and not, rounds interleaved.
+replica runs it; no Ray, no HTTP), two one at a time and 8 together, streamed and not, rounds interleaved.
 
     python bench/engine_process.py [--model gemma-4-e2b-tiny] [--tokens 48] [--requests 8] [--rounds 9]
 
