@@ -46,8 +46,9 @@ class ModelSpec(EngineFields):
     engine_cpus: list[int] | None = Field(
         None, min_length=1, description="Host CPUs the engine process (and the rank processes it starts) runs "
         "on; negative counts from the end of the CPUs the replica may use ([-1]: the last, wrapping where there "
-        "are fewer). Kept on its own CPU, the engine's steps are not moved between CPUs as Serve's work comes "
-        "and goes. Every replica of the model on a node gets the same CPUs. None: wherever the OS runs it")
+        "are fewer). Pinned, the engine's steps are not moved between CPUs as Serve's work comes and goes (others "
+        "may still run there). Every replica of the model on a node gets the same CPUs. Ignored, with a warning, "
+        "where the OS has no CPU affinity. None: wherever the OS runs it")
     engine: str = Field("serve_app.engines:build_worker_engine",
                         description="Import path of the engine factory: spec -> engine (default: the real one)")
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")

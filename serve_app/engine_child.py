@@ -12,9 +12,10 @@ Messages to the replica (pickled over the pipe):
 - ("ready", info) once the engine is built, or ("error", message, code, param, user) if it cannot be;
 - ("prepared", rid, prompt_tokens) or ("refused", rid, Failed) per request;
 - ("step", [(rid, event, logprob_entry, admitted_at, at), ...], StepStats, steps, decoded) after a step
-  that made a request's message due, or that left the engine idle, and at least every STATS_PERIOD_S
-  while it runs; `at` is when the event was made, `steps` the steps so far, `decoded` the rows of each
-  step since the last message (times are perf_counter's: one clock per host).
+  that made a request's message due or left the engine idle, after a step at least every STATS_PERIOD_S
+  while it runs, and when cancels leave it idle; `at` is when the event was made, `steps` the steps so
+  far, `decoded` the rows of each step since the last message (times are perf_counter's: one clock per
+  host).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from neuron_workers.engine.events import TokenEvent
+from neuron_workers.engine.events import ErrorEvent, TokenEvent
 from neuron_workers.engine.loop import EngineLoop, StepStats
 from neuron_workers.errors import UserError
 from serve_app import prepare
@@ -36,7 +37,7 @@ from serve_app.events import Failed, GenerateRequest
 from serve_app.pacing import Pacer
 
 log = logging.getLogger(__name__)
-STATS_PERIOD_S = 0.25  # the replica's gauges hear from a running engine at least this often
+STATS_PERIOD_S = 0.2  # a running engine's counts reach the replica this often (its gauges: every 0.25 s)
 
 
 def import_attr(path: str):
@@ -48,14 +49,14 @@ def main(fd: int) -> int:
     """`python -m serve_app.engine_child FD`: FD is this process's end of the replica's socket pair.
     Returns the exit code."""
     conn = Connection(fd)
-    watch_parent()
     try:
         _, spec, factory = conn.recv()
-    except EOFError:
+    except EOFError:  # the replica went away before it said what to build
         return 0
     spec_ = ModelSpec(**spec)
     try:
-        cpus = pin(spec_.engine_cpus)
+        cpus = pin(spec_)  # first: every thread and process started after this inherits the CPUs
+        watch_parent()
         engine = import_attr(factory)(spec_)
     except UserError as e:
         conn.send(("error", str(e), e.code, e.param, True))
@@ -84,16 +85,22 @@ def resolve_cpus(wanted: list[int], allowed: list[int]) -> list[int]:
     return sorted(out)
 
 
-def pin(wanted: list[int] | None) -> list[int] | None:
-    """Run this process (and what it starts) on `wanted` (`ModelSpec.engine_cpus`); returns the CPUs, None
-    when unset or where the OS has no CPU affinity."""
-    if not wanted:
+def pin(spec: ModelSpec) -> list[int] | None:
+    """Run this thread, and the threads and processes it starts from now on, on `spec.engine_cpus`; returns
+    the CPUs, None when unset or where the OS has no CPU affinity."""
+    if not spec.engine_cpus:
         return None
     if not hasattr(os, "sched_setaffinity"):
         log.warning("engine_cpus ignored: this OS does not let a process choose its CPUs")
         return None
-    cpus = resolve_cpus(wanted, sorted(os.sched_getaffinity(0)))
-    os.sched_setaffinity(0, cpus)
+    cpus = resolve_cpus(spec.engine_cpus, sorted(os.sched_getaffinity(0)))
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        raise UserError(f"engine_cpus: cannot run on CPUs {cpus}: {e}", "invalid_value", "engine_cpus") from None
+    if len(cpus) < spec.tp:
+        log.warning("engine_cpus gives a tp-%d engine %d CPU(s): its %d rank processes share them", spec.tp,
+                    len(cpus), spec.tp)
     return cpus
 
 
@@ -209,8 +216,28 @@ class EngineChild:
             self.send(("step", events, stats, self.loop.steps, decoded))
         except OSError:  # the replica is gone: the reader sees the end of the socket
             pass
-        except Exception:  # an event that does not pickle, say: log it, keep the engine thread
-            log.exception("sending step events failed")
+        except Exception:  # an event that does not pickle, say: the others still go, that request fails
+            log.exception("sending step events failed; sending them request by request")
+            self._send_apart(events, stats, decoded)
+
+    def _send_apart(self, events: list[tuple], stats: StepStats, decoded: tuple) -> None:
+        """One message per request; a request whose events cannot be sent ends with an error (never a hang)."""
+        by_rid: dict[int, list[tuple]] = {}
+        for e in events:
+            by_rid.setdefault(e[0], []).append(e)
+        for rid, evs in by_rid.items():
+            try:
+                self.send(("step", evs, stats, self.loop.steps, decoded))
+            except OSError:
+                return
+            except Exception:
+                log.exception("request %d: its events cannot be sent; it fails", rid)
+                failed = ErrorEvent(evs[0][1].seq_id, "an event could not be sent to the replica")
+                self.send(("step", [(rid, failed, None, evs[0][3], time.perf_counter())], stats, self.loop.steps,
+                           ()))
+                if not any(e[1].final for e in evs):
+                    self._cancel(rid)
+            decoded = ()  # counted once
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ class ServerMetrics:
     def __init__(self, model: str):
         self.tags = {"model": model}
         tag = ("model",)
-        self.ttft = metrics.Histogram("gemma4_time_to_first_token_ms", "Request arrival to first token",
-                                      MS_BUCKETS, tag)
-        self.itl = metrics.Histogram("gemma4_inter_token_latency_ms", "Time between tokens", MS_BUCKETS, tag)
+        self.ttft = metrics.Histogram("gemma4_time_to_first_token_ms", "Request arrival at the replica to its "
+                                      "first token (when the engine made it)", MS_BUCKETS, tag)
+        self.itl = metrics.Histogram("gemma4_inter_token_latency_ms", "Time between tokens (as the engine made them)",
+                                     MS_BUCKETS, tag)
         self.queue = metrics.Histogram("gemma4_request_queue_time_ms", "Waiting for the replica's engine",
                                        MS_BUCKETS, tag)
         self.prompt_tokens = metrics.Counter("gemma4_prompt_tokens", "Prompt tokens processed", tag)

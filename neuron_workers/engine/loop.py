@@ -3,7 +3,8 @@
 `submit(seq, sink)` adds a sequence; its events are handed to `sink` (called on the loop thread, so a
 sink only hands off: e.g. `loop.call_soon_threadsafe`). `cancel(seq_id)` drops a sequence at the next
 step boundary, waiting or running, and frees its slot. Commands are applied between steps; when there
-is no work the thread sleeps on the queue. `on_step(stats)` reports running / waiting counts per step.
+is no work the thread sleeps on the queue. `on_step(stats)` reports running / waiting counts after every step,
+and once more when cancels leave the engine idle (a `StepStats` with nothing decoded).
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._apply(block=not self.engine.has_work)
+            busy = self.engine.has_work
+            self._apply(block=not busy)
             if not self.engine.has_work:
+                if busy:  # cancels left it idle with no step to report that: report it now
+                    self._report(0)
                 continue
             try:
                 events = self.engine.step()
@@ -112,10 +116,12 @@ class EngineLoop:
                     self.engine.cancel(seq_id)
             self.steps += 1
             self._deliver(events)
-            if self.on_step is not None:
-                s = self.engine.scheduler
-                self.on_step(StepStats(len(s.running), len(s.waiting), self.engine.last_decode_rows,
-                                     self.engine.max_batch))
+            self._report(self.engine.last_decode_rows)
+
+    def _report(self, decoded: int) -> None:
+        if self.on_step is not None:
+            s = self.engine.scheduler
+            self.on_step(StepStats(len(s.running), len(s.waiting), decoded, self.engine.max_batch))
 
     def _deliver(self, events: list[EngineEvent]) -> None:
         for ev in events:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import threading
 import time
 
 import pytest
 
-from neuron_workers.engine.events import ErrorEvent
+from neuron_workers.engine.events import ErrorEvent, TokenEvent
+from neuron_workers.engine.loop import StepStats
 from neuron_workers.errors import UserError
 from serve_app.config import ModelSpec
 from serve_app.engine_process import EngineProcess, Prepared, Refused, Token
@@ -85,8 +87,8 @@ def test_events_come_back_paced_not_one_message_per_step():
             assert len(ats) == 20 and ats == sorted(ats) and all(item.at <= seen for seen, item in got)
             if not stream:
                 assert len(with_tokens) == 1 and len(with_tokens[0]) == 20
-            else:  # 20 steps of 5 ms: the first tokens, then every 50 ms, then the last
-                assert len(with_tokens[0]) <= 3 and 2 <= len(with_tokens) <= 5, with_tokens
+            else:  # 20 steps of 5 ms: the first tokens at once, then every 50 ms, then the last
+                assert got[0][0] < ats[-1] - 0.05 and 2 <= len(with_tokens) <= 5, with_tokens
         assert p.steps >= 30  # the child's own count of steps (about one per token), though few messages came
     finally:
         p.close()
@@ -100,6 +102,62 @@ def take_until_final_timed(q: queue.Queue, timeout=20.0) -> list:
         if not isinstance(item, Prepared):
             out.append((seen, item))
     return out
+
+
+def test_cancelling_the_last_request_reports_the_engine_idle():
+    p = EngineProcess(spec(step_s=0.05))
+    try:
+        q = queue.Queue()
+        rid = p.submit(completion(50), q.put)
+        assert isinstance(q.get(timeout=20), Prepared)
+        deadline = time.monotonic() + 10
+        while not (p.stats and p.stats.running) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        p.cancel(rid)
+        while p.stats.running and time.monotonic() < deadline:  # no step follows: the loop reports it anyway
+            time.sleep(0.01)
+        assert p.stats.running == 0 and p.stats.waiting == 0
+        steps = p.steps
+        time.sleep(0.3)
+        assert p.steps == steps
+    finally:
+        p.close()
+
+
+def test_events_that_cannot_be_sent_fail_their_request_and_not_the_others():
+    from serve_app.engine_child import EngineChild
+    from serve_app.pacing import Pacer
+
+    class Conn:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, msg):
+            if any(getattr(e[1], "text", "") == "unpicklable" for e in msg[1]):
+                raise TypeError("cannot pickle")
+            self.sent.append(msg)
+
+    class Loop:
+        steps = 7
+
+    child = EngineChild.__new__(EngineChild)  # the sending half alone, no engine
+    child.conn, child.send_lock, child.loop, child.rids, child.seqs = Conn(), threading.Lock(), Loop(), {}, {}
+    child.pacer, child.decoded, child.sent_at = Pacer(0.0, 100), [], 0.0
+    cancelled = []
+    child._cancel = cancelled.append
+
+    good = (1, TokenEvent(11, 5, "fine", "length"), None, 0.0, 1.0)
+    bad = (2, TokenEvent(12, 6, "unpicklable", None), None, 0.0, 1.0)
+    child.pacer.add(1, False)
+    child.pacer.add(2, True)
+    for e in (good, bad):
+        child.pacer.hold(e[0], e, e[1].final)
+    child._flush(StepStats(1, 0, 2, 2))
+    sent = [e for msg in child.conn.sent for e in msg[1]]
+    assert good in sent  # the other request's last event still went
+    failed = [e for e in sent if e[0] == 2]
+    assert len(failed) == 1 and isinstance(failed[0][1], ErrorEvent) and failed[0][1].final
+    assert cancelled == [2]  # and its sequence stops
 
 
 def test_cancel_frees_the_slot_for_the_next_request():
@@ -153,12 +211,14 @@ def test_engine_cpus_resolve_negative_entries_from_the_end_and_refuse_a_cpu_not_
     assert e.value.param == "engine_cpus"
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="this OS has no CPU affinity")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's per-thread CPU affinity")
 def test_the_engine_process_runs_on_its_engine_cpus():
     last = max(os.sched_getaffinity(0))
     p = EngineProcess(spec(engine_cpus=[-1]))
     try:
-        assert p.info["cpus"] == [last] and os.sched_getaffinity(p.proc.pid) == {last}
+        threads = os.listdir(f"/proc/{p.proc.pid}/task")  # the engine thread and every other one
+        assert p.info["cpus"] == [last] and len(threads) >= 2
+        assert all(os.sched_getaffinity(int(t)) == {last} for t in threads)
         q = queue.Queue()
         p.submit(completion(3), q.put)
         assert take_until_final(q)[-1].event.finish_reason == "length"

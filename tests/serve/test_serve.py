@@ -259,3 +259,9 @@ def test_prometheus_metrics_per_model(tiny_app):
     assert "ray_gemma4_time_to_first_token_ms_bucket" in text
     assert any(line.startswith("ray_gemma4_request_finished_total") and 'model="12b"' in line
                for line in text.splitlines())
+
+    def count(name: str) -> float:  # a histogram's observations for 12b (the engine's paced messages carry them)
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(f"ray_gemma4_{name}_count") and 'model="12b"' in line)
+
+    assert count("batch_occupancy") >= 4 and count("inter_token_latency_ms") >= 4  # 5 tokens: 5 steps, 4 gaps
