@@ -233,8 +233,11 @@ class EngineChild:
             except Exception:
                 log.exception("request %d: its events cannot be sent; it fails", rid)
                 failed = ErrorEvent(evs[0][1].seq_id, "an event could not be sent to the replica")
-                self.send(("step", [(rid, failed, None, evs[0][3], time.perf_counter())], stats, self.loop.steps,
-                           ()))
+                try:
+                    self.send(("step", [(rid, failed, None, evs[0][3], time.perf_counter())], stats,
+                               self.loop.steps, ()))
+                except OSError:  # the replica is gone: the reader sees the end of the socket
+                    return
                 if not any(e[1].final for e in evs):
                     self._cancel(rid)
             decoded = ()  # counted once
