@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -67,8 +68,6 @@ def floor_app():
 
         @staticmethod
         async def _sse(first, gen):
-            import json
-
             yield f"data: {json.dumps({'choices': [{'index': 0, 'text': first}]})}\n\n"
             async for part in gen:
                 yield f"data: {json.dumps({'choices': [{'index': 0, 'text': part}]})}\n\n"
