@@ -122,7 +122,7 @@ def main() -> int:
     from neuron_workers.factory import build_engine
 
     texts = prompts(args.requests)
-    ms: dict[str, list[float]] = {}
+    ms: dict[tuple[str, str], list[float]] = {}
     with local_app() as (url, built):
         serve.run(floor_app(), name="floor", route_prefix="/floor")
         spec = next(m for m in built.models if m.name == args.model)
