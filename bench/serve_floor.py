@@ -55,7 +55,7 @@ def floor_app():
     @serve.ingress(api)
     class FloorRouter:
         def __init__(self, model):
-            self.model = model
+            self.model = model.options(_by_reference=False)  # as serve_app/router.py: Serve's gRPC transport
 
         @api.post("/v1/completions")
         async def completions(self, req: dict):

@@ -12,8 +12,10 @@ takes costs the engine throughput.
   closes a connection that sends nothing for `RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S` (3600 s by default).
 - `REPLICA`: per replica, through the deployments' runtime_env (also under plain `serve run`): our
   request path is async end to end, so user code runs on the replica's own event loop (no hop to a
-  second loop thread per message), handles call replicas over gRPC. (Logs still go to stderr as well as
-  files: `serve run`'s console shows the replicas' warnings and errors.)
+  second loop thread per message), and Serve's gRPC transport between deployments has messages up to
+  gRPC's own limit. (The router's handles ask for gRPC themselves, serve_app/router.py: a handle keeps
+  the options of the process that made it. Logs still go to stderr as well as files: `serve run`'s
+  console shows the replicas' warnings and errors.)
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ import os
 # is 30 s, on top of our own drain: a shutdown with nothing in flight took 34 s)
 CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152",
            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+# The router's handles go over gRPC (serve_app/router.py), whose messages Serve caps at 4 MiB by default: lifted
+# to gRPC's own limit, as Ray's actor calls have none (a body up to AppArgs.max_request_bytes, an answer with
+# logprobs of several MiB)
 REPLICA = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
-           "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+           "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1)}
 
 
 def apply_cluster_env(env: dict | None = None) -> dict:
