@@ -7,10 +7,11 @@ max_batch, one thread), 8 concurrent and one at a time, same run, rounds interle
 The cluster gets what `python -m serve_app.run` gives one (serve_app/ray_env.py: HAProxy in front);
 `RAY_SERVE_ENABLE_HA_PROXY=0 python bench/serve_efficiency.py` measures Ray's Python proxy instead (what
 plain `serve run` gives). Prints tokens/s of each (median of the rounds) and the ratios HTTP / in-process
-(goals: concurrent >= 0.8, one at a time >= 0.9), for streamed and non-streamed requests. Every HTTP
-answer must equal the in-process one (greedy). The in-process engine runs on the CPUs the replica's
-engine process gets (`engine_cpus`), the client on any; the client is aiohttp (what vLLM's serving
-benchmark uses), its connections kept alive (`--client httpx` for httpx).
+(goals: concurrent >= 0.8, one at a time >= 0.9), for streamed and non-streamed requests; "per round" is
+the median of each round's HTTP / in-process, taken seconds apart (a shared box's speed drifts more than
+that over a run). Every HTTP answer must equal the in-process one (greedy). The in-process engine runs on
+the CPUs the replica's engine process gets (`engine_cpus`), the client on any; the client is aiohttp
+(what vLLM's serving benchmark uses), its connections kept alive (`--client httpx` for httpx).
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def main() -> int:
         line = f"{how:14s} in-process {base:7.1f} tok/s"
         for kind in ("streamed", "non-streamed"):
             r = statistics.median(rates[(how, kind)])
-            line += f" | HTTP {kind} {r:7.1f} tok/s ratio {r / base:.2f}"
+            paired = statistics.median(h / b for h, b in zip(rates[(how, kind)], rates[(how, "in-process")]))
+            line += f" | HTTP {kind} {r:7.1f} tok/s ratio {r / base:.2f} (per round {paired:.2f})"
         print(line + f"  (goal >= {GOALS[how]})")
     return 0
 

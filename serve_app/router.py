@@ -128,7 +128,7 @@ class Router:
         gate.SETTINGS.body_timeout_s = ops.get("body_timeout_s", gate.SETTINGS.body_timeout_s)
         drain.STATE.timeout_s = ops.get("drain_timeout_s", drain.STATE.timeout_s)
         drain.STATE.abort_grace_s = ops.get("drain_abort_grace_s", drain.STATE.abort_grace_s)
-        self.health_state = health.Health(health.app_name(), {m: f"Model_{m}" for m in models}, models,
+        self.health_state = health.Health(health.app_name(), {m: f"Model_{m}" for m in models}, self.models,
                                           self.max_context)
         self.health_state.start()
 
