@@ -116,9 +116,8 @@ class Router:
     def __init__(self, models: dict, max_context: dict | None = None, key_digests: list[str] | None = None,
                  max_request_bytes: int = gate.DEFAULT_MAX_REQUEST_BYTES, ops: dict | None = None):
         # name -> DeploymentHandle, over Serve's gRPC transport: a handle keeps the options of the process
-        # that made it (the driver, where RAY_SERVE_USE_GRPC_BY_DEFAULT is unset), and a Ray actor call per
-        # request and per streamed message costs the router and the replica more CPU
-        # (bench/serve_efficiency.py: +0.03-0.05 of the engine's throughput through HTTP)
+        # that built the app (where RAY_SERVE_USE_GRPC_BY_DEFAULT is unset), and a Ray actor call per request
+        # and per streamed message cost the router and the replica ~60% more CPU a stream (README, "Limits")
         self.models = {name: h.options(_by_reference=False) for name, h in models.items()}
         self.max_context = dict(max_context or {})
         # through the module (Serve ships this class by value: a name bound here would be a copy)
