@@ -1,5 +1,5 @@
 """What the process boundary alone costs: the same greedy requests on the replica's engine run in this
-process and through `serve_app.engine_process.EngineProcess` (the engine in a process of its own, as a
+process and through `serve_app.replica.engine_process.EngineProcess` (the engine in a process of its own, as a
 replica runs it; no Ray, no HTTP), two one at a time and 8 together, streamed and not, rounds interleaved.
 
     python bench/engine_process.py [--model gemma-4-e2b-tiny] [--tokens 48] [--requests 8] [--rounds 9]
@@ -91,7 +91,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     from neuron_workers.factory import build_engine
-    from serve_app.engine_process import EngineProcess
+    from serve_app.replica.engine_process import EngineProcess
 
     texts = [f"Request {i}: tell me a story about the sea number {i}" for i in range(args.requests)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,7 +33,7 @@ from standin import KEY, LAYERS, PLE_DIM, VOCAB, StandInBackend, StandInDims, sp
 from neuron_workers.engine.engine import Engine  # noqa: E402
 from neuron_workers.engine.params import SamplingParams  # noqa: E402
 from neuron_workers.model.ple import PleTable  # noqa: E402
-from serve_app.constraints import json_grammar, tool_grammar  # noqa: E402
+from serve_app.openai.constraints import json_grammar, tool_grammar  # noqa: E402
 
 GOAL_MS = 1.0
 # a record list the stand-in logits never finish (minItems), with bounded strings, enums and integers

@@ -1,6 +1,6 @@
 """What the serving benches share: configs/local.yaml's app served on a free port of 127.0.0.1 from a
 temporary directory (its tiny checkpoints written there), on a local Ray cluster started as
-`python -m serve_app.run` starts one (serve_app/ray_env.py: HAProxy in front unless the environment says
+`python -m serve_app.run` starts one (serve_app/ops/ray_env.py: HAProxy in front unless the environment says
 otherwise); and `on_cpus`, which runs a bench's in-process engine on the CPUs the replica's engine
 process gets (`engine_cpus`), so both sides of a ratio run with the replica's settings."""
 
@@ -21,7 +21,7 @@ def on_cpus(wanted: list[int] | None):
     if not wanted or not hasattr(os, "sched_setaffinity"):
         yield
         return
-    from serve_app.engine_child import resolve_cpus
+    from serve_app.replica.engine_child import resolve_cpus
 
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, resolve_cpus(wanted, sorted(before)))
@@ -40,7 +40,7 @@ def local_app():
 
     from serve_app.app import build_app
     from serve_app.config import AppArgs
-    from serve_app.ray_env import apply_cluster_env
+    from serve_app.ops.ray_env import apply_cluster_env
 
     app_args = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())["applications"][0]["args"]
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:

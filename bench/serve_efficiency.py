@@ -4,7 +4,7 @@ max_batch, one thread), 8 concurrent and one at a time, same run, rounds interle
 
     python bench/serve_efficiency.py [--model gemma-4-e2b-tiny] [--tokens 48] [--requests 8] [--rounds 3]
 
-The cluster gets what `python -m serve_app.run` gives one (serve_app/ray_env.py: HAProxy in front);
+The cluster gets what `python -m serve_app.run` gives one (serve_app/ops/ray_env.py: HAProxy in front);
 `RAY_SERVE_ENABLE_HA_PROXY=0 python bench/serve_efficiency.py` measures Ray's Python proxy instead (what
 plain `serve run` gives). Prints tokens/s of each (median of the rounds) and the ratios HTTP / in-process
 (goals: concurrent >= 0.8, one at a time >= 0.9), for streamed and non-streamed requests; "per round" is

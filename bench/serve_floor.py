@@ -1,7 +1,7 @@
 """What Ray Serve itself costs a request, beside what our app costs one: a floor app with no engine (a
 FastAPI router replica calling a model replica through a handle, as ours does: streamed through an async
 generator of two items, non-streamed through one call) and configs/local.yaml's app, one request at a
-time, same cluster and settings (serve_app/ray_env.py: HAProxy in front), rounds interleaved.
+time, same cluster and settings (serve_app/ops/ray_env.py: HAProxy in front), rounds interleaved.
 
     python bench/serve_floor.py [--model gemma-4-e2b-tiny] [--tokens 48] [--requests 8] [--rounds 5]
 
@@ -37,7 +37,7 @@ def floor_app():
     from fastapi.responses import StreamingResponse
     from ray import serve
 
-    from serve_app import ray_env
+    from serve_app.ops import ray_env
 
     api = FastAPI()
     opts = {"num_cpus": 0, "runtime_env": {"env_vars": dict(ray_env.REPLICA)}}

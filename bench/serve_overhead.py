@@ -76,7 +76,7 @@ def main() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        from serve_app.ray_env import apply_cluster_env
+        from serve_app.ops.ray_env import apply_cluster_env
 
         apply_cluster_env()  # what `python -m serve_app.run` gives the cluster it starts (HAProxy ingress)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

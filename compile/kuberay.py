@@ -21,7 +21,7 @@ import yaml
 
 from compile.plan import INSTANCES
 
-# Ray Serve settings every node's processes need (serve_app/ray_env.py CLUSTER: HAProxy ingress; compile
+# Ray Serve settings every node's processes need (serve_app/ops/ray_env.py CLUSTER: HAProxy ingress; compile
 # does not import serve_app, and a test keeps the two equal)
 SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152",
              "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}

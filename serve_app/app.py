@@ -6,10 +6,10 @@ One ModelServer deployment per configured model (named `Model_<name>`), each rep
 
 from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
 
-from serve_app import ray_env
-from serve_app.autoscale import autoscaling_config
 from serve_app.config import API_KEY_ENV, AppArgs, ModelSpec
-from serve_app.model_server import ModelServer
+from serve_app.ops import ray_env
+from serve_app.ops.autoscale import autoscaling_config
+from serve_app.replica.model_server import ModelServer
 from serve_app.router import Router
 
 ModelDeployment = serve.deployment(ModelServer)

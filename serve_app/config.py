@@ -49,7 +49,7 @@ class ModelSpec(EngineFields):
         "are fewer). Pinned, the engine's steps are not moved between CPUs as Serve's work comes and goes (others "
         "may still run there). Every replica of the model on a node gets the same CPUs. Ignored, with a warning, "
         "where the OS has no CPU affinity. None: wherever the OS runs it")
-    engine: str = Field("serve_app.engines:build_worker_engine",
+    engine: str = Field("serve_app.replica.engines:build_worker_engine",
                         description="Import path of the engine factory: spec -> engine (default: the real one)")
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")
     min_replicas: int = Field(1, ge=0)
@@ -130,7 +130,7 @@ class AppArgs(BaseModel):
 
     def key_digests(self) -> list[str]:
         """SHA-256 digests of the configured keys and of ${GEMMA4_API_KEY} (read where the app is built)."""
-        from serve_app.gate import key_digest
+        from serve_app.ops.gate import key_digest
 
         keys = list(self.api_keys) + ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
         return [key_digest(k) for k in keys]

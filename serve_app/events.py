@@ -66,7 +66,7 @@ class GenerateRequest:
     stream: bool = False
     tools: tuple[dict, ...] = ()  # OpenAI tool definitions, for the chat template
     template_kwargs: tuple[tuple[str, bool], ...] = ()  # e.g. (("enable_thinking", True),)
-    grammar: str | None = None  # llguidance grammar every token must follow (`serve_app.constraints`)
+    grammar: str | None = None  # llguidance grammar every token must follow (`serve_app.openai.constraints`)
     grammar_param: str | None = None  # the request field it comes from (for a 400)
     logprobs: int | None = None  # None: none; n: each token's logprob and the top n
     keep_special: bool = False  # keep control tokens in the text (the router's output parsers need them)

@@ -12,8 +12,6 @@ stream has started, a failure is one `data: {"error": ...}` event followed by `d
 `GET /metrics` serves the Prometheus text of every node's Ray metrics agent on the HTTP port.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import logging
@@ -26,16 +24,17 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve_app import drain, gate, health
-from serve_app import protocol as P
-from serve_app.constraints import ConstraintError
 from serve_app.events import Delta, Failed, Finished
-from serve_app.responses import Output
+from serve_app.openai import bodies
+from serve_app.openai import protocol as P
+from serve_app.openai.constraints import ConstraintError
+from serve_app.openai.responses import Output
+from serve_app.ops import drain, gate, health
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
 api.add_middleware(gate.Gate)
-api.add_middleware(drain.Drain)  # outermost: counts every /v1 request in flight (serve_app/drain.py)
+api.add_middleware(drain.Drain)  # outermost: counts every /v1 request in flight (serve_app/ops/drain.py)
 RETRY = {"Retry-After": "1"}
 REPLICA_GONE = (RayActorError, ActorUnavailableError)  # the replica died or restarts: retryable
 
@@ -61,6 +60,16 @@ async def _validation(request: Request, exc: RequestValidationError):
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "TextPart"}
+
+
+@api.exception_handler(bodies.BodyError)
+async def _body(request: Request, exc: bodies.BodyError):
+    return error(400, str(exc), code="invalid_json")
+
+
+@api.exception_handler(ConstraintError)
+async def _constraint(request: Request, exc: ConstraintError):
+    return error(400, str(exc), param=exc.param, code="invalid_value")
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -154,7 +163,7 @@ class Router:
     @api.get("/health")
     @api.get("/health/ready")
     async def health(self):
-        """Ready while every model has a RUNNING replica, however busy (cached: serve_app/health.py)."""
+        """Ready while every model has a RUNNING replica, however busy (cached: serve_app/ops/health.py)."""
         status, body = await self.health_state.answer(drain.STATE.draining)
         return JSONResponse(body, status_code=status)
 
@@ -163,13 +172,13 @@ class Router:
         self.health_state.start()
         return {"status": "draining" if drain.STATE.draining else "alive"}
 
-    @api.post("/v1/chat/completions")
-    async def chat(self, body: P.ChatRequest):
-        return await self._serve(body, chat=True)
+    @api.post("/v1/chat/completions", openapi_extra=bodies.openapi(P.ChatRequest))
+    async def chat(self, request: Request):
+        return await self._serve(await bodies.parse(P.ChatRequest, await request.body()), chat=True)
 
-    @api.post("/v1/completions")
-    async def completions(self, body: P.CompletionRequest):
-        return await self._serve(body, chat=False)
+    @api.post("/v1/completions", openapi_extra=bodies.openapi(P.CompletionRequest))
+    async def completions(self, request: Request):
+        return await self._serve(await bodies.parse(P.CompletionRequest, await request.body()), chat=False)
 
     async def _serve(self, body, chat: bool):
         handle = self.models.get(body.model)

@@ -3,7 +3,7 @@
 Plain `serve run` deletes everything at once on Ctrl-C (Serve kills its HTTP proxies at the start of a
 shutdown, so every open connection is cut) and does not handle SIGTERM at all. This runs the same
 `serve run` command in this process with a handler for both signals: on the first one it asks every
-running application's router to drain (`serve_app/drain.py`: new requests get 503 with Retry-After,
+running application's router to drain (`serve_app/ops/drain.py`: new requests get 503 with Retry-After,
 requests in flight get up to `graceful_shutdown_timeout_s` to finish, the rest end with the stream
 error event or a 503), then lets `serve run` shut Serve down. A second signal stops at once.
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         ray.init(address=address, namespace="serve", log_to_driver=False)
         drain_all(_say)
         return
-    from serve_app.ray_env import apply_cluster_env
+    from serve_app.ops.ray_env import apply_cluster_env
 
     apply_cluster_env()  # before Ray starts: a local cluster's processes inherit them
     import ray

@@ -70,8 +70,8 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def serve_url():
     """A light local Ray cluster with 4 fake NeuronCores and Serve's HTTP ingress on a free port, with the
-    settings `python -m serve_app.run` gives a cluster (HAProxy in front: serve_app/ray_env.py)."""
-    from serve_app.ray_env import apply_cluster_env
+    settings `python -m serve_app.run` gives a cluster (HAProxy in front: serve_app/ops/ray_env.py)."""
+    from serve_app.ops.ray_env import apply_cluster_env
 
     apply_cluster_env()
     os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))  # apart from any other Serve here

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from neuron_workers.engine.sampling import Row, Sampled, soft_cap
+from neuron_workers.engine.rows import Row, Sampled, soft_cap
 
 _BITS = torch.arange(32, dtype=torch.int32)
 

@@ -20,7 +20,7 @@ import torch
 from neuron_workers.backends import Backend
 from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
-from neuron_workers.engine.grammar import Grammars, RowGrammar
+from neuron_workers.engine.grammar import GrammarError, Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_logits, sample_rows
 from neuron_workers.engine.scheduler import Scheduler
@@ -180,8 +180,9 @@ class Engine:
             if s.grammar is not None:
                 try:
                     s.grammar.fill(self._bitmask, i)
-                except Exception as e:
-                    out.append(Sampled(-1, error=f"{type(e).__name__}: {e}"))
+                except Exception as e:  # a GrammarError is the request's (param), anything else ours
+                    param = getattr(e, "param", None)
+                    out.append(Sampled(-1, error=str(e) if param else f"{type(e).__name__}: {e}", param=param))
                     continue
                 allowed = self._bitmask[i]
             out.append(Row(r, s.params, s.generator, allowed, s.logprobs))
@@ -193,8 +194,8 @@ class Engine:
         return [next(picks) if isinstance(x, Row) else x for x in rows]
 
     def _emit(self, seq: Sequence, pick: Sampled) -> TokenEvent:
-        if pick.error:
-            raise RuntimeError(pick.error)  # this sequence alone fails (`_guard`)
+        if pick.error:  # this sequence alone fails (`_guard`)
+            raise GrammarError(pick.error, pick.param) if pick.param else RuntimeError(pick.error)
         if seq.grammar is not None:
             seq.grammar.accept(pick.token)  # GrammarError: this sequence alone fails
         ev = seq.append(pick.token, pick, done=seq.grammar is not None and seq.grammar.done)
@@ -206,6 +207,9 @@ class Engine:
         """fn(seq), or a ErrorEvent for this sequence alone when it raises."""
         try:
             return fn(seq)
+        except GrammarError as e:  # the request's grammar: one line, no traceback
+            log.info("sequence %d failed: %s", seq.seq_id, e)
+            return self._fail(seq, e)
         except Exception as e:
             log.exception("sequence %d failed", seq.seq_id)
             return self._fail(seq, e)
@@ -213,7 +217,8 @@ class Engine:
     def _fail(self, seq: Sequence, e: Exception) -> ErrorEvent:
         seq.finish_reason = "error"
         self._release(seq)
-        return ErrorEvent(seq.seq_id, f"{type(e).__name__}: {e}")
+        param = getattr(e, "param", None)
+        return ErrorEvent(seq.seq_id, str(e) if param else f"{type(e).__name__}: {e}", param)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

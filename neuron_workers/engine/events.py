@@ -28,6 +28,7 @@ class ErrorEvent:
 
     seq_id: int
     message: str
+    param: str | None = None  # the request field at fault (a grammar that failed while it ran), else ours
     final: bool = True
 
 

@@ -5,40 +5,66 @@
 EOS ids as the grammar's end tokens. `compile(grammar)` validates a grammar string against it and keeps a
 prototype matcher, cached by the grammar text; it runs on the serving side's request thread, never the
 engine thread (thread-safe). `RowGrammar` is one sequence's own matcher: `fill` writes its next-token mask into a
-row of an int32 bitmask (llguidance's layout, `sampling.Row.allowed`), `accept` advances it on every
+row of an int32 bitmask (llguidance's layout, `rows.Row.allowed`), `accept` advances it on every
 token the engine keeps, `done` says only an end token could follow (the engine ends the row).
+
+Limits (`parser_limits`, the router's checks use the same): a row of the Earley parser may hold up to
+`MAX_ITEMS_IN_ROW` items (llguidance's default 2,000 refuses an object of ~500 optional properties at its
+first key), and errors are short (llguidance's verbose errors dump the parser state and the grammar). A
+grammar that still fails while it runs fails its own row with a `GrammarError` naming the request field
+(`param`): the replica answers it as that field's error, never as a server error.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-
-import torch
+from typing import TYPE_CHECKING
 
 from neuron_workers.errors import UserError
 
+if TYPE_CHECKING:  # no torch at import: the router reads the limits below
+    import torch
+
 CACHE = 64  # compiled grammars kept per engine
+MAX_ITEMS_IN_ROW = 10_000  # 4 a property of an object with optional properties; masks stay at a few ms
+
+
+def parser_limits():
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(max_items_in_row=MAX_ITEMS_IN_ROW, verbose_errors=False)
+
+
+def short(error: str) -> str:
+    """llguidance's error without the parser state it may append."""
+    return (error or "unknown error").strip().splitlines()[0].removeprefix("Parser Error: ")
 
 
 class GrammarError(RuntimeError):
-    """A row's grammar refused a token or failed mid-generation (that sequence alone fails)."""
+    """A row's grammar refused a token or failed mid-generation (that sequence alone fails), from the
+    request field `param`."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class RowGrammar:
-    def __init__(self, matcher):
-        self.m = matcher
+    def __init__(self, matcher, param: str | None = None):
+        self.m, self.param = matcher, param
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         import llguidance.torch as llt
 
         llt.fill_next_token_bitmask(self.m, bitmask, row)
         if self.m.is_error():
-            raise GrammarError(self.m.get_error())
+            raise GrammarError(f"the grammar from `{self.param}` failed: {short(self.m.get_error())}", self.param)
 
     def accept(self, token: int) -> None:
         if not self.m.consume_token(token):
-            raise GrammarError(f"the grammar refused token {token}: {self.m.get_error()}")
+            raise GrammarError(f"the grammar from `{self.param}` refused token {token}: "
+                               f"{short(self.m.get_error())}", self.param)
 
     @property
     def done(self) -> bool:
@@ -84,13 +110,14 @@ class Grammars:
             proto = self.cache.get(grammar)
             if proto is not None:
                 self.cache.move_to_end(grammar)
-                return RowGrammar(proto.deep_copy())
-        proto = LLMatcher(tok, grammar, log_level=0)  # never raises: a bad grammar is an error state
+                return RowGrammar(proto.deep_copy(), param)
+        # never raises: a bad grammar is an error state
+        proto = LLMatcher(tok, grammar, log_level=0, limits=parser_limits())
         if proto.is_error():
-            raise UserError(f"the grammar cannot be used for constrained decoding: {proto.get_error()}",
+            raise UserError(f"the grammar cannot be used for constrained decoding: {short(proto.get_error())}",
                             param=param)
         with self.lock:
             self.cache[grammar] = proto
             while len(self.cache) > CACHE:
                 self.cache.popitem(last=False)
-        return RowGrammar(proto.deep_copy())
+        return RowGrammar(proto.deep_copy(), param)

@@ -16,28 +16,16 @@ need the whole distribution (no top-k, logprobs, a grammar mask: `needs_logits`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
-
 import torch
 
+from neuron_workers.engine.distribution import sample_full_row
 from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.rows import Row, Sampled, make_generator, soft_cap
 from neuron_workers.engine.topk import NUM_CHUNKS, Chunked, TopCandidates, serves
 from neuron_workers.model.spec import Candidates
 
 __all__ = ["Chunked", "NUM_CHUNKS", "Row", "Sampled", "make_generator", "needs_logits", "sample", "sample_rows",
            "soft_cap"]
-
-
-def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    logits = logits.float()
-    return logits if not cap else cap * torch.tanh(logits / cap)
-
-
-def make_generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-    return g
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None,
@@ -77,24 +65,6 @@ def sample_top_k_rows(chunked: Chunked | TopCandidates, idx: torch.Tensor, k: in
     return ids.gather(1, choice)[:, 0]
 
 
-class Row(NamedTuple):
-    """What one row of a step asks of the sampler."""
-
-    slot: int  # the row of the logits
-    params: SamplingParams
-    generator: torch.Generator | None
-    allowed: torch.Tensor | None = None  # int32 token bitmask [ceil(vocab / 32)] from the row's grammar
-    logprobs: int | None = None  # None: none; n >= 0: the chosen token's logprob and the top n
-
-
-@dataclass(frozen=True, slots=True)
-class Sampled:
-    token: int
-    logprob: float | None = None  # log-softmax of the soft-capped fp32 logits (the model's distribution)
-    top: tuple[tuple[int, float], ...] = ()  # the top `logprobs` (token, logprob), best first
-    error: str | None = None  # this row alone could not be sampled (e.g. its grammar allows no token)
-
-
 def needs_logits(row: Row, k_compiled: int) -> bool:
     """Whether this row needs the step's full logits, not just the top `k_compiled` candidates."""
     return row.allowed is not None or row.logprobs is not None or not serves(k_compiled, row.params)
@@ -106,8 +76,6 @@ def sample_rows(scores: torch.Tensor | Candidates, rows: list[Row], cap: float |
     (`distribution.sample_full_row`) and pay for it alone; the others are vectorised below, and a row's
     result never depends on the other rows. With candidates, every row must be served by them
     (`needs_logits` false): one that is not gets an error."""
-    from neuron_workers.engine.distribution import sample_full_row
-
     if isinstance(scores, Candidates):
         k = scores.values.shape[1]
         bad = [r for r in rows if needs_logits(r, k)]

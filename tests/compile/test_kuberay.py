@@ -69,7 +69,7 @@ def test_manifest_shape_head_workers_secret_readiness(monkeypatch):
 
 def test_every_node_gets_the_serve_settings_the_app_runs_with():
     from compile.kuberay import SERVE_ENV
-    from serve_app.ray_env import CLUSTER
+    from serve_app.ops.ray_env import CLUSTER
 
     assert SERVE_ENV == CLUSTER
     spec = rayservice(yaml.safe_load(CONFIG.read_text()))["spec"]["rayClusterConfig"]

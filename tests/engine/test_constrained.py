@@ -16,8 +16,8 @@ from neuron_workers.engine.events import ErrorEvent
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import UserError
 from neuron_workers.factory import build_engine
-from serve_app.chat_output import ChatOutput
-from serve_app.constraints import json_grammar, tool_grammar
+from serve_app.openai.chat_output import ChatOutput
+from serve_app.openai.constraints import json_grammar, tool_grammar
 
 from conftest import hf_reference
 from doubles.biased_backend import BiasedBackend
@@ -195,3 +195,25 @@ def test_a_grammar_the_tokenizer_cannot_serve_is_a_user_error(eng):
     with pytest.raises(UserError) as e:
         eng.grammars.compile('start: <|nope|> "x"\n', "tools")
     assert e.value.param == "tools" and "nope" in str(e.value)
+
+
+def wide(n: int) -> dict:
+    """An object of n optional properties: its grammar's parser row grows ~4 items a property."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
+
+
+def test_a_grammar_past_the_parser_limits_fails_its_row_as_the_requests_error(eng):
+    """llguidance's default row limit (2,000) refused 600 properties at the first key; ours serves them. One
+    past our limit (the router refuses such schemas first) fails its row alone, naming the field, in one
+    short line (no parser dump), and the row beside it is untouched."""
+    ids = eng.encode_chat(MSGS)
+    ok = eng.new_sequence(ids, SamplingParams(max_tokens=12), grammar=eng.grammars.compile(json_grammar(wide(600))))
+    bad = eng.new_sequence(ids, SamplingParams(max_tokens=12),
+                           grammar=eng.grammars.compile(json_grammar(wide(3000)), "tools"))
+    free = eng.new_sequence(ids, SamplingParams(max_tokens=12))
+    res = run(eng, [ok, bad, free])
+    assert not any(isinstance(e, ErrorEvent) for e in res[0] + res[2]) and len(res[2]) == 12
+    assert text(res[0]).startswith("{")
+    err = res[1][-1]
+    assert isinstance(err, ErrorEvent) and err.param == "tools"
+    assert "max is 10000" in err.message and "\n" not in err.message and "<state>" not in err.message

@@ -205,3 +205,43 @@ def test_metrics_add_up_by_finish_reason(app):
             got = metric_counts(h.get(app.removesuffix("/v1") + "/metrics").text, "counted")
             time.sleep(1)
     assert got == want
+
+
+def heavy_body(model: str) -> dict:
+    """A chat whose `response_format` schema takes the router about a second to check and compile (900
+    object properties of five fields each: under the schema limits, so it is fully checked)."""
+    inner = {"type": "object", "properties": {f"q{j}": {"type": "string", "maxLength": 8} for j in range(5)},
+             "required": ["q0"]}
+    schema = {"type": "object", "properties": {f"p{i}": inner for i in range(900)}}
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}}
+
+
+def test_schema_work_never_delays_health_or_another_model(app):
+    """Schemas are checked off the router's event loop: while four heavy schemas are being checked (seconds
+    of CPU in all), `/health` and a short request to another model answer in a fraction of that (on the
+    event loop they took 6 s)."""
+    base = app.removesuffix("/v1")
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as h:
+            t0 = time.perf_counter()
+            heavy = [asyncio.create_task(h.post(f"{app}/chat/completions", json=heavy_body("a"), headers=AUTH))
+                     for _ in range(4)]
+            await asyncio.sleep(0.3)  # the router is busy with them now
+            t = time.perf_counter()
+            health = await h.get(f"{base}/health")
+            health_s = time.perf_counter() - t
+            t = time.perf_counter()
+            other = await h.post(f"{app}/completions", json={"model": "b", "prompt": "hi", "max_tokens": 2},
+                                 headers=AUTH)
+            other_s = time.perf_counter() - t
+            asked = time.perf_counter() - t0
+            answers = await asyncio.gather(*heavy)
+            return health, health_s, other, other_s, asked, answers, time.perf_counter() - t0
+
+    health, health_s, other, other_s, asked, answers, heavy_s = asyncio.run(main())
+    assert health.status_code == 200 and other.status_code == 200
+    assert all(r.status_code in (200, 400) for r in answers), [r.text[:200] for r in answers]
+    assert heavy_s > asked + 0.3, "the heavy schemas were done before the probes: the test measured nothing"
+    assert health_s < 0.5 and other_s < 1.0, (health_s, other_s, heavy_s)

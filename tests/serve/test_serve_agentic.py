@@ -174,3 +174,27 @@ def test_bad_agentic_fields_are_400s_naming_their_param(app):
             assert r.json()["error"]["param"] == param, (extra, r.text)
         assert h.post(f"{app}/chat/completions", json={"model": "e2b", "messages": MSGS, "max_tokens": 3}
                       ).status_code == 200
+
+
+def wide(n: int) -> dict:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 4} for i in range(n)}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_600_property_schema_is_served_and_5000_is_a_400_naming_the_field(app, stream):
+    """llguidance's default parser limits made 600 optional properties a 500 at the first token, with its
+    parser dump in the body; now they are served, and a schema past our limits is a short 400."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "wide", "schema": wide(600)}}
+    body = {"model": "e2b", "messages": MSGS, "max_tokens": 8, "response_format": fmt, "stream": stream}
+    with httpx.Client(timeout=120) as h:
+        r = h.post(f"{app}/chat/completions", json=body)
+        assert r.status_code == 200 and "error" not in r.text, r.text[:300]
+        big = {**body, "response_format": {**fmt, "json_schema": {"name": "wide", "schema": wide(5000)}}}
+        r = h.post(f"{app}/chat/completions", json=big)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "response_format" and "5000 properties" in err["message"]
+        tool = {"type": "function", "function": {"name": "f", "parameters": wide(5000)}}
+        r = h.post(f"{app}/chat/completions", json={**body, "response_format": None, "tools": [tool],
+                                                      "tool_choice": "required"})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "tools" and len(err["message"]) < 200

@@ -1,5 +1,5 @@
 """The agentic parts of a chat request: `tools`, `tool_choice`, `response_format`, tool-call history, and
-the grammar they ask for (`serve_app.constraints`). Pure Python (pydantic + llguidance): the router checks
+the grammar they ask for (`serve_app.openai.constraints`). Pure Python (pydantic + llguidance): the router checks
 everything here before a replica sees the request, and an error is a 400 naming its `param`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from serve_app.constraints import ConstraintError, json_grammar, tool_grammar
+from serve_app.openai.constraints import ConstraintError, json_grammar, tool_grammar
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -108,28 +108,37 @@ class TemplateKwargs(BaseModel):
 
 
 MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES = 64, 20_000  # bounds on what the checkers and grammar builders walk
+# properties of one object: each optional one adds ~4 items to a row of the grammar's parser (its limit,
+# neuron_workers.engine.grammar.MAX_ITEMS_IN_ROW, is 10,000), and masks grow with them (~4 ms a token at 1,000)
+MAX_PROPERTIES = 1_000
 
 
-def schema_shape(schema) -> tuple[int, int]:
-    """(nesting depth, number of values) of a JSON value, walked without recursion."""
-    depth, nodes, stack = 0, 0, [(schema, 1)]
+def schema_shape(schema) -> tuple[int, int, int]:
+    """(nesting depth, number of values, most `properties` of one object) of a JSON value, walked without
+    recursion."""
+    depth, nodes, widest, stack = 0, 0, 0, [(schema, 1)]
     while stack:
         v, d = stack.pop()
         nodes, depth = nodes + 1, max(depth, d)
         if isinstance(v, dict):
             stack += [(x, d + 1) for x in v.values()]
+            if isinstance(v.get("properties"), dict):
+                widest = max(widest, len(v["properties"]))
         elif isinstance(v, list):
             stack += [(x, d + 1) for x in v]
-    return depth, nodes
+    return depth, nodes, widest
 
 
 def check_schema(schema: dict, param: str) -> None:
     """Refuse what is not a JSON Schema at all (a wrong `type`, a non-list `required`...), or is too deep or
     too large to check and compile (a recursion in the checker would be a 500, not the user's 400)."""
-    depth, nodes = schema_shape(schema)
+    depth, nodes, widest = schema_shape(schema)
     if depth > MAX_SCHEMA_DEPTH or nodes > MAX_SCHEMA_NODES:
         raise ConstraintError(param, f"the schema is too large: nesting depth {depth} (at most {MAX_SCHEMA_DEPTH}), "
                                      f"{nodes} values (at most {MAX_SCHEMA_NODES})")
+    if widest > MAX_PROPERTIES:
+        raise ConstraintError(param, f"the schema is too large: an object with {widest} properties (at most "
+                                     f"{MAX_PROPERTIES})")
     try:
         import jsonschema
     except ImportError:  # llguidance still refuses what it cannot compile

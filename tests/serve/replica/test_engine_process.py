@@ -1,5 +1,5 @@
-"""The replica's engine in its own process (serve_app/engine_process.py), over the fake engine: a request's
-events in order, paced (serve_app/pacing.py) rather than one message per step, a refusal naming the
+"""The replica's engine in its own process (serve_app/replica/engine_process.py), over the fake engine: a request's
+events in order, paced (serve_app/replica/pacing.py) rather than one message per step, a refusal naming the
 param, cancel freeing the slot, a start failure raised in the replica, the child on its `engine_cpus`, and
 a child that dies failing what it held and the health check. Also
 the replica's messages: a non-streaming request is one `Finished`, a stream's tail rides on `Finished`,
@@ -19,8 +19,8 @@ from neuron_workers.engine.events import ErrorEvent, TokenEvent
 from neuron_workers.engine.loop import StepStats
 from neuron_workers.errors import UserError
 from serve_app.config import ModelSpec
-from serve_app.engine_process import EngineProcess, Prepared, Refused, Token
 from serve_app.events import Delta, Failed, Finished, GenerateRequest, Started
+from serve_app.replica.engine_process import EngineProcess, Prepared, Refused, Token
 
 
 def spec(step_s=0.005, **kw) -> ModelSpec:
@@ -125,8 +125,8 @@ def test_cancelling_the_last_request_reports_the_engine_idle():
 
 
 def test_events_that_cannot_be_sent_fail_their_request_and_not_the_others():
-    from serve_app.engine_child import EngineChild
-    from serve_app.pacing import Pacer
+    from serve_app.replica.engine_child import EngineChild
+    from serve_app.replica.pacing import Pacer
 
     class Conn:
         def __init__(self):
@@ -194,13 +194,13 @@ def test_a_request_after_the_child_died_fails_at_once():
 
 def test_a_start_failure_is_raised_in_the_replica(tmp_path):
     with pytest.raises(UserError, match="config.json"):  # the real factory, a directory with no checkpoint
-        EngineProcess(spec(engine="serve_app.engines:build_worker_engine", path=str(tmp_path)))
+        EngineProcess(spec(engine="serve_app.replica.engines:build_worker_engine", path=str(tmp_path)))
     with pytest.raises(RuntimeError, match="no_such_factory"):  # a bug: the replica fails to start, saying why
         EngineProcess(spec(engine="doubles.fake_engine:no_such_factory"))
 
 
 def test_engine_cpus_resolve_negative_entries_from_the_end_and_refuse_a_cpu_not_allowed():
-    from serve_app.engine_child import resolve_cpus
+    from serve_app.replica.engine_child import resolve_cpus
 
     assert resolve_cpus([-1], [0, 1, 2, 3]) == [3]
     assert resolve_cpus([-1, -2], [4, 6]) == [4, 6]
@@ -248,7 +248,7 @@ def test_a_child_that_dies_fails_what_it_held_and_the_health_check():
 def servers():
     """ModelServers over the fake engine: a fast one and one whose first token is later than
     HEADERS_WITHIN_S (a step of 0.4 s)."""
-    from serve_app.model_server import ModelServer
+    from serve_app.replica.model_server import ModelServer
 
     out = {"fast": ModelServer(spec(step_s=0.002).model_dump()), "slow": ModelServer(spec(step_s=0.4).model_dump())}
     yield out
@@ -289,7 +289,7 @@ def test_a_refused_stream_is_refused_before_anything_else_however_slow_the_engin
 
 
 def test_a_replica_whose_engine_process_dies_fails_its_requests_and_its_health_check():
-    from serve_app.model_server import ModelServer
+    from serve_app.replica.model_server import ModelServer
 
     server = ModelServer(spec(step_s=0.05).model_dump())
     try:
@@ -307,3 +307,12 @@ def test_a_replica_whose_engine_process_dies_fails_its_requests_and_its_health_c
             server.check_health()
     finally:
         server.engine.close()
+
+
+def test_a_sequence_error_naming_a_field_is_the_requests_400_anything_else_a_500():
+    from serve_app.replica.model_server import failure
+
+    mine = failure(ErrorEvent(3, "the grammar from `tools` failed: too many items", "tools"))
+    ours = failure(ErrorEvent(3, "RuntimeError: boom"))
+    assert (mine.status, mine.param, mine.type) == (400, "tools", "invalid_request_error")
+    assert (ours.status, ours.param, ours.type) == (500, None, "server_error") and "boom" in ours.message

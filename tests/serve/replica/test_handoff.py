@@ -9,7 +9,7 @@ import threading
 import time
 
 from neuron_workers.engine.events import ErrorEvent, TokenEvent
-from serve_app.handoff import Handoff, Inbox
+from serve_app.replica.handoff import Handoff, Inbox
 
 
 def tok(i: int, final: bool = False) -> TokenEvent:

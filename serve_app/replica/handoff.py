@@ -1,5 +1,5 @@
 """Events from the thread that receives them (the replica's engine reader, `engine_process.py`: one
-message from the engine process at a time, already paced by `serve_app.pacing`) to the replica's event
+message from the engine process at a time, already paced by `serve_app.replica.pacing`) to the replica's event
 loop, with as few wake-ups of the loop as the request needs.
 Every wake-up is a self-pipe write, a GIL hand-off and a coroutine resumption, all CPU the busy host's
 engine and Serve compete for.

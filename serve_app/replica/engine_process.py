@@ -1,4 +1,4 @@
-"""EngineProcess: a replica's engine in a process of its own (`serve_app.engine_child` runs there).
+"""EngineProcess: a replica's engine in a process of its own (`serve_app.replica.engine_child` runs there).
 
 Why a process: the engine's host side (graph calls, sampling, grammar masks, detokenization) is Python
 that needs the interpreter lock every few microseconds, and so do Ray Serve's request handling, the
@@ -6,12 +6,12 @@ replica's event loop and its metrics. In one process every arriving request and 
 engine's steps and waits for them (measured by bench/serve_efficiency.py). Here the engine shares its
 lock with nothing of Ray; the replica relays requests and events and does no per-token work.
 
-The child is a fresh interpreter (`python -m serve_app.engine_child`: not a fork of a process with Ray's
+The child is a fresh interpreter (`python -m serve_app.replica.engine_child`: not a fork of a process with Ray's
 threads, not multiprocessing's spawn, which would re-run the replica's main module) with the replica's
 environment and import path, so NEURON_RT_VISIBLE_CORES, which Ray set for the replica, pins the child
 to the replica's cores, and its output goes where the replica's stdout / stderr go (the worker's log
 files). Commands go down a socket pair as pickled messages, written by a writer thread (a large prompt
-never blocks the event loop); events come back as their messages fall due (`serve_app.pacing`), read
+never blocks the event loop); events come back as their messages fall due (`serve_app.replica.pacing`), read
 by one thread that hands each event to its request's sink. The child ends when the socket closes or
 its parent is gone (it checks while it loads), so it does not outlive its replica.
 """
@@ -73,7 +73,7 @@ class EngineProcess:
         self.name, self.on_step = spec.name, on_step
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "serve_app.engine_child", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "serve_app.replica.engine_child", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         self.conn = Connection(ours.detach())
@@ -114,7 +114,9 @@ class EngineProcess:
             return self.proc.wait()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None and self.reader.is_alive()
+        # `dead` first: the reader sets it before it fails the held requests, while the killed process may
+        # not be reaped yet (poll() None) and the reader thread is still finishing its sweep.
+        return not self.dead and self.proc.poll() is None and self.reader.is_alive()
 
     def submit(self, req: GenerateRequest, sink: Callable) -> int:
         """Send a request to the engine; its events (`Refused`, or `Prepared` then `Token`s) go to
@@ -193,4 +195,7 @@ class EngineProcess:
         self._send(None)  # then the writer stops
         self._reap(timeout)
         self.reader.join(timeout)  # it sees the end of the socket and fails whatever was left
+        # the writer has sent its last message or failed on the dead socket: closing under it would let a
+        # late write land on whatever socket reuses the descriptor (another engine's first message)
+        self.writer.join(timeout)
         self.conn.close()

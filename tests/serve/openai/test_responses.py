@@ -1,4 +1,4 @@
-"""Response bodies from replica events (`serve_app.responses`), without a cluster: a thinking + tool-call
+"""Response bodies from replica events (`serve_app.openai.responses`), without a cluster: a thinking + tool-call
 output streamed in odd pieces gives the same message as the non-stream body; logprobs in both shapes."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from serve_app.events import Delta, Finished
-from serve_app.protocol import ChatRequest, CompletionRequest
-from serve_app.responses import Output
+from serve_app.openai.protocol import ChatRequest, CompletionRequest
+from serve_app.openai.responses import Output
 
 Q = '<|"|>'
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {

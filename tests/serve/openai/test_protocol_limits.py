@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app.constraints import ConstraintError
-from serve_app.protocol import ChatRequest
+from serve_app.openai.constraints import ConstraintError
+from serve_app.openai.protocol import ChatRequest
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,10 +1,10 @@
-"""When the engine process sends a request's events (serve_app/pacing.py): a stream's first tokens and every
+"""When the engine process sends a request's events (serve_app/replica/pacing.py): a stream's first tokens and every
 last event at once, a stream's later tokens once per interval, a non-streaming request's all with its last,
 the replica's streams sharing one message budget, a cancelled request's events never sent."""
 
 from __future__ import annotations
 
-from serve_app.pacing import Pacer
+from serve_app.replica.pacing import Pacer
 
 
 def test_a_streams_first_tokens_go_at_once_then_once_per_interval():

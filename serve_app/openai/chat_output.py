@@ -7,8 +7,8 @@ One streaming pipeline serves both forms, so a stream and a non-stream answer al
 
 from __future__ import annotations
 
-from serve_app.reasoning import ReasoningParser
-from serve_app.tool_parsers.gemma4 import Gemma4ToolParser
+from serve_app.openai.reasoning import ReasoningParser
+from serve_app.openai.tool_parsers.gemma4 import Gemma4ToolParser
 
 
 class ChatOutput:

@@ -13,9 +13,9 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from serve_app import protocol_tools as T
-from serve_app.constraints import ConstraintError
 from serve_app.events import GenerateRequest
+from serve_app.openai import protocol_tools as T
+from serve_app.openai.constraints import ConstraintError
 
 MAX_STOP = 4
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes

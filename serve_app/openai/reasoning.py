@@ -6,7 +6,7 @@ the text outside thought channels, for the tool-call parser. Only used when the 
 
 from __future__ import annotations
 
-from serve_app.tool_parsers.markers import Splitter
+from serve_app.openai.tool_parsers.markers import Splitter
 
 OPEN, CLOSE, HEAD = "<|channel>", "<channel|>", "thought\n"
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from serve_app import drain, gate, health
-from serve_app.autoscale import autoscaling_config
 from serve_app.config import AppArgs, ModelSpec
+from serve_app.ops import drain, gate, health
+from serve_app.ops.autoscale import autoscaling_config
 
 
 def run(coro):
@@ -173,7 +173,7 @@ def test_a_replica_names_its_node_and_the_mismatched_manifest_field(tiny_dirs, t
     from neuron_workers.artifacts.manifest import Manifest, config_hash, installed_versions
     from neuron_workers.errors import UserError
     from neuron_workers.model.loader import load_model
-    from serve_app.model_server import ModelServer
+    from serve_app.replica.model_server import ModelServer
 
     d = tiny_dirs["gemma4-e2b-tiny"]
     info = load_model(d, with_weights=False).info
@@ -196,7 +196,7 @@ def test_the_router_holds_more_than_every_model_can():
 
     from serve_app.app import PROBE_HEADROOM, router_ongoing_limit
 
-    cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "inf2.yaml").read_text())
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "inf2.yaml").read_text())
     args = AppArgs(**cfg["applications"][0]["args"])
     assert router_ongoing_limit(args) == 4 * 64 + 128 + 2 * 64 + 128 + 2 * 8 + 32 + PROBE_HEADROOM
     assert router_ongoing_limit(AppArgs(models=[fake_spec()])) == 256  # small configs keep the default

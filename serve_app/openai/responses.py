@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from serve_app import protocol as P
-from serve_app.chat_output import ChatOutput
 from serve_app.events import Delta, Finished
+from serve_app.openai import protocol as P
+from serve_app.openai.chat_output import ChatOutput
 
 
 def chat_logprobs(entries) -> dict:

@@ -8,7 +8,7 @@ in this process never holds the interpreter lock the engine's steps need.
 
 `generate` (streams) is an async generator of `serve_app.events` values, `complete` (non-streaming) one
 call returning the `Finished`. Each request becomes a sequence in the engine's scheduler; its events
-come back through a `handoff.Inbox`, as the engine process paces them (`serve_app.pacing`: a stream's
+come back through a `handoff.Inbox`, as the engine process paces them (`serve_app.replica.pacing`: a stream's
 tokens at most once per `stream_interval_ms`, each message costs more than a token on busy cores). A
 stream yields a `Delta` per message and a `Finished` carrying the tail. A client that disconnects
 cancels the request: its sequence leaves the batch (or the waiting queue) at the next step boundary. Serve's
@@ -26,13 +26,20 @@ import time
 
 from neuron_workers.engine.events import ErrorEvent
 from serve_app.config import ModelSpec
-from serve_app.engine_process import EngineProcess, Prepared, Refused, Token
 from serve_app.events import HEADERS_WITHIN_S, Delta, Failed, Finished, GenerateRequest, Started
-from serve_app.handoff import Handoff, Inbox
-from serve_app.metrics import ServerMetrics
-from serve_app.nodes import build_engine_here
+from serve_app.ops.metrics import ServerMetrics
+from serve_app.ops.nodes import build_engine_here
+from serve_app.replica.engine_process import EngineProcess, Prepared, Refused, Token
+from serve_app.replica.handoff import Handoff, Inbox
 
 log = logging.getLogger("ray.serve")
+
+
+def failure(ev: ErrorEvent) -> Failed:
+    """A sequence's error: the request's own when it names a field (its grammar failed while it ran)."""
+    if ev.param is not None:
+        return Failed(400, ev.message, "invalid_value", param=ev.param)
+    return Failed(500, f"generation failed: {ev.message}", "internal_error", type="server_error")
 
 
 def check_visible_cores(spec: ModelSpec, env: dict | None = None) -> list[int]:
@@ -146,8 +153,7 @@ class ModelServer:
                         return
                     if isinstance(item.event, ErrorEvent):
                         done = True
-                        yield Failed(500, f"generation failed: {item.event.message}", "internal_error",
-                                     type="server_error")
+                        yield failure(item.event)
                         return
                     n += 1
                     text.append(item.event.text)

@@ -2,7 +2,7 @@
 (bare keys, strings between `<|"|>`), several in a row, -> OpenAI tool calls with JSON `arguments`.
 
 `parse_call(body)` reads one call's body (between the markers); JSON-style keys and strings (`"key":"v"`,
-what `serve_app.constraints` generates for schemas without a native grammar) are read as well.
+what `serve_app.openai.constraints` generates for schemas without a native grammar) are read as well.
 `Gemma4ToolParser` is the streaming form: feed text chunks split anywhere, get OpenAI deltas. A call is
 emitted when its closing marker arrives: a first delta with `index`, `id`, `type` and `function.name`,
 then one with the `arguments`. Text outside calls stays content (other control tokens removed); a call
@@ -15,7 +15,7 @@ import json
 import re
 import uuid
 
-from serve_app.tool_parsers.markers import CONTROL, Splitter
+from serve_app.openai.tool_parsers.markers import CONTROL, Splitter
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")

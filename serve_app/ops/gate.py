@@ -8,7 +8,7 @@ FastAPI reads or parses anything, so a 10 MB body costs a 413 and nothing else.
   streamed body passes the limit; a request head (path and headers) over `max_header_bytes` 431.
 - Slow bodies: a body that has not fully arrived `body_timeout_s` after the request began is answered
   408 (a half-open request cannot hold a connection and a router slot for long). Idle connections are
-  closed after `http_options.keep_alive_timeout_s` (by HAProxy with serve_app/ray_env.py, else Serve's
+  closed after `http_options.keep_alive_timeout_s` (by HAProxy with serve_app/ops/ray_env.py, else Serve's
   proxy); a connection that sends nothing, or its head slowly, is HAProxy's to close
   (`RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S`; Ray's proxy, uvicorn, has no timer): in production put the port
   behind a load balancer with tight ones.

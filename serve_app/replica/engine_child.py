@@ -1,6 +1,6 @@
-"""The engine process's own side (`serve_app.engine_process` starts it): it builds the replica's engine,
+"""The engine process's own side (`serve_app.replica.engine_process` starts it): it builds the replica's engine,
 prepares each request (tokenize, validate, compile its grammar), runs the continuous-batching loop
-(`EngineLoop`) and sends the events back as they fall due (`serve_app.pacing`: a stream's first tokens and
+(`EngineLoop`) and sends the events back as they fall due (`serve_app.replica.pacing`: a stream's first tokens and
 every request's last event at once, a stream's other tokens once per interval, a non-streaming request's
 with its last), at most one message per step.
 
@@ -31,10 +31,10 @@ from multiprocessing.connection import Connection
 from neuron_workers.engine.events import ErrorEvent, TokenEvent
 from neuron_workers.engine.loop import EngineLoop, StepStats
 from neuron_workers.errors import UserError
-from serve_app import prepare
 from serve_app.config import ModelSpec
 from serve_app.events import Failed, GenerateRequest
-from serve_app.pacing import Pacer
+from serve_app.replica import prepare
+from serve_app.replica.pacing import Pacer
 
 log = logging.getLogger(__name__)
 STATS_PERIOD_S = 0.2  # a running engine's counts reach the replica this often (its gauges: every 0.25 s)
@@ -46,7 +46,7 @@ def import_attr(path: str):
 
 
 def main(fd: int) -> int:
-    """`python -m serve_app.engine_child FD`: FD is this process's end of the replica's socket pair.
+    """`python -m serve_app.replica.engine_child FD`: FD is this process's end of the replica's socket pair.
     Returns the exit code."""
     conn = Connection(fd)
     try:

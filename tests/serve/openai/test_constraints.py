@@ -1,4 +1,4 @@
-"""Grammars from tools and schemas (`serve_app.constraints`), walked at random under their own masks with the
+"""Grammars from tools and schemas (`serve_app.openai.constraints`), walked at random under their own masks with the
 tiny tokenizer (no model): every complete call parses into arguments that validate against its tool's schema,
 native where the schema allows and JSON-bodied where it does not; JSON outputs validate and are compact."""
 
@@ -14,8 +14,8 @@ import pytest
 from llguidance import LLMatcher
 
 from neuron_workers.testing.tiny_tokenizer import build_tokenizer
-from serve_app.constraints import ConstraintError, json_grammar, tool_grammar
-from serve_app.tool_parsers.gemma4 import CLOSE, OPEN, parse_call
+from serve_app.openai.constraints import ConstraintError, json_grammar, tool_grammar
+from serve_app.openai.tool_parsers.gemma4 import CLOSE, OPEN, parse_call
 
 EOS = (1, 106, 50)
 SCHEMAS = {

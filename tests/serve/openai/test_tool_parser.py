@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from serve_app.chat_output import ChatOutput
-from serve_app.tool_parsers.gemma4 import CallSyntaxError, Gemma4ToolParser, parse_call
+from serve_app.openai.chat_output import ChatOutput
+from serve_app.openai.tool_parsers.gemma4 import CallSyntaxError, Gemma4ToolParser, parse_call
 
 Q = '<|"|>'
 NAMES = {"get_weather", "search", "noargs"}
@@ -116,7 +116,7 @@ def test_parser_alone_streams_openai_deltas():
 
 
 def test_parallel_tool_calls_false_returns_one_call_and_keeps_the_rest_as_text():
-    from serve_app.chat_output import ChatOutput
+    from serve_app.openai.chat_output import ChatOutput
 
     out = ChatOutput(["f", "g"], parallel_tool_calls=False)
     text = '<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:2}<tool_call|>'

@@ -1,4 +1,4 @@
-"""Pacing: which requests' events the engine process (`serve_app.engine_child`) sends the replica after a
+"""Pacing: which requests' events the engine process (`serve_app.replica.engine_child`) sends the replica after a
 step, and when it sends anything at all.
 
 Every message crosses the socket between the two processes and wakes the replica's reader, and every

@@ -23,6 +23,8 @@ import re
 
 from llguidance import LLMatcher
 
+from neuron_workers.engine.grammar import parser_limits, short
+
 COMPACT = {"whitespace_flexible": False}
 ANNOTATIONS = {"description", "title", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                "readOnly", "writeOnly", "strict"}
@@ -49,9 +51,9 @@ def json_grammar(schema: dict, param: str = "response_format") -> str:
 
 
 def check(grammar: str, param: str, tokenizer=None) -> None:
-    err = LLMatcher.validate_grammar(grammar, tokenizer)
+    err = LLMatcher.validate_grammar(grammar, tokenizer, limits=parser_limits())
     if err:
-        raise ConstraintError(param, f"the schema cannot be used for constrained decoding: {err}")
+        raise ConstraintError(param, f"the schema cannot be used for constrained decoding: {short(err)}")
 
 
 def inline_json(schema) -> str:
@@ -131,20 +133,19 @@ class _Native:
         if any(not KEY.match(k) for k in props):
             raise _Fallback
         items = [(f'"{k}:" {self.value(v)}', k in required) for k, v in props.items()]
-        # after(i, first): the properties from i on, `first` when no property was written yet
-        memo: dict[tuple[int, bool], str] = {}
-
-        def after(i: int, first: bool) -> str:
-            if i == len(items):
-                return ""
-            if (i, first) not in memo:
-                body, req = items[i]
-                take = " ".join(x for x in ("" if first else '","', body, after(i + 1, False)) if x)
-                rest = after(i + 1, first) or '""'
-                memo[(i, first)] = self.rule(take if req else f"{take} | {rest}")
-            return memo[(i, first)]
-
-        return self.rule(f'"{{" {after(0, True)} "}}"')
+        # after[first]: the properties from i on, `first` when no property was written yet; built from the
+        # last property back (no recursion: an object may have a thousand properties)
+        after = {False: "", True: ""}
+        for i in reversed(range(len(items))):
+            body, req = items[i]
+            reachable = all(not r for _, r in items[:i])  # `first` at i: every earlier property was optional
+            nxt = {}
+            for first in (False, True) if reachable else (False,):
+                take = " ".join(x for x in ("" if first else '","', body, after[False]) if x)
+                rest = after[first] or '""'
+                nxt[first] = self.rule(take if req else f"{take} | {rest}")
+            after = {True: "", **nxt}
+        return self.rule(f'"{{" {after[True]} "}}"')
 
     def array(self, s) -> str:
         if set(s) - {"type", "items", "minItems", "maxItems"} or not isinstance(s.get("items"), dict):
