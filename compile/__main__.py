@@ -5,9 +5,13 @@
          (a neuron build pins NEURON_RT_VISIBLE_CORES: --cores, else the variable, else the first tp cores)
   build  --config configs/inf2.yaml [--model NAME] [--jobs J]
          the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and
-         artifacts directory (one source of truth: what is built is what that config serves)
+         artifacts directory (one source of truth: what is built is what that config serves); several
+         models: each in a process of its own, its cores pinned before it starts (compile/build_config.py)
+         a neuron build compiles `decode` first and alone, keeps every compiled graph in OUT/neff_cache and
+         says how to resume when a graph fails
   plan   --model DIR_OR_CONFIG_JSON [--tp N --batch B --max-context N --instance inf2.24xlarge] [--json]
   plan   --config configs/inf2.yaml [--model NAME]     each model as configured, on the config's instance
+         (a model whose checkpoint is not here is planned from configs/model-configs/, with a note on stderr)
          per-core HBM and host RAM; exits 2 with the numbers when a model does not fit
   hlo    --model DIR --out DIR [--batch B --max-context N --prefill-buckets 16,32 --dtype D]
          each graph's HLO text from the xla twin (needs torch-xla) and audit.json (compile/hlo.py): to diff
@@ -21,6 +25,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from neuron_workers.errors import UserError
@@ -73,6 +78,7 @@ def parse(argv):
     sm = sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
     sm.add_argument("step", nargs="?", choices=["sdk", "toy", "tp1", "tp2"], help="run one step (internal)")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.cmd in ("build", "plan") and not (args.model or args.config):
         ap.error("--model or --config is required")
     if args.cmd == "build" and not args.config and not args.out:
@@ -92,21 +98,16 @@ def _build(args) -> int:
         cfg = EngineConfig(model=args.model, backend=args.backend, tp=args.tp, max_context=args.max_context,
                            prefill_buckets=args.prefill_buckets, dtype=dtype, artifacts=args.out,
                            max_batch=args.batch)
-        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores)
+        hint = "run `python -m compile " + " ".join(shlex.quote(a) for a in args.argv) + "` again"
+        build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores, resume_hint=hint)
         return 0
-    from compile.serve_config import read_serve_config, select
+    from compile.build_config import build_config
 
-    _, entries = read_serve_config(args.config)
-    for e in select(entries, args.model):
-        if not e.engine.artifacts:
-            raise UserError(f"model {e.name!r} in {args.config} names no `artifacts` directory to build into")
-        print(f"== {e.name}: {e.engine.model} -> {e.engine.artifacts}", flush=True)
-        build(e.engine, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores)
-    return 0
+    return build_config(args.config, args.model, args.jobs, args.cores, args.argv)
 
 
 def _plan(args) -> int:
-    from compile.plan import format_plan, load_text_config, make_plan_report, plan_json
+    from compile.plan import config_or_bundled, format_plan, load_text_config, make_plan_report, plan_json
 
     if args.batch < 1:
         raise UserError("--batch must be >= 1")
@@ -123,7 +124,8 @@ def _plan(args) -> int:
                 for e in select(entries, args.model)]
     fits = True
     for model, tp, batch, ctx, instance, bucket in jobs:
-        report = make_plan_report(load_text_config(model), tp, batch, ctx, instance, bucket)
+        cfg = config_or_bundled(model, lambda m: print(m, file=sys.stderr)) if args.config else load_text_config(model)
+        report = make_plan_report(cfg, tp, batch, ctx, instance, bucket)
         print(plan_json(report) if args.json else format_plan(report))
         fits &= report.fits
     return 0 if fits else 2

@@ -21,16 +21,18 @@ from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_s
 CORES_VAR = "NEURON_RT_VISIBLE_CORES"
 
 
-def build(cfg: EngineConfig, progress=print, jobs: int = 1, cores: str | None = None) -> Manifest:
+def build(cfg: EngineConfig, progress=print, jobs: int = 1, cores: str | None = None,
+          resume_hint: str = "") -> Manifest:
     """Build `cfg.model` for `cfg.backend` into `cfg.artifacts` (batch: `cfg.batch`); a neuron build runs on
-    the NeuronCores `cores` (default: NEURON_RT_VISIBLE_CORES if set, else the first tp)."""
+    the NeuronCores `cores` (default: NEURON_RT_VISIBLE_CORES if set, else the first tp). `resume_hint`: what
+    a failed neuron build tells the user to run again (its compiled graphs are kept in the artifacts)."""
     if not cfg.artifacts:
         raise UserError("say where to write the artifacts (--out)", param="artifacts")
     with pinned_cores(cfg.tp, cores, progress) if cfg.backend == "neuron" else nullcontext():
-        return _build(cfg, progress, jobs)
+        return _build(cfg, progress, jobs, resume_hint)
 
 
-def _build(cfg: EngineConfig, progress, jobs: int) -> Manifest:
+def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Manifest:
     backend, tp, batch, dtype = cfg.backend, cfg.tp, cfg.batch, cfg.dtype
     if backend == "neuron":
         from neuron_workers.backends.neuron import require_neuron
@@ -52,7 +54,7 @@ def _build(cfg: EngineConfig, progress, jobs: int) -> Manifest:
     elif backend == "neuron":
         from neuron_workers.backends.neuron_build import build_neuron
 
-        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs)
+        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
         raise UserError(f"compile build does not build for the {backend} backend", param="backend")
@@ -63,12 +65,17 @@ def _build(cfg: EngineConfig, progress, jobs: int) -> Manifest:
     return manifest
 
 
+def default_cores(tp: int, cores: str | None) -> str:
+    """The NeuronCores a build uses: `cores`, else NEURON_RT_VISIBLE_CORES, else the first tp."""
+    return cores or os.environ.get(CORES_VAR) or ("0" if tp == 1 else f"0-{tp - 1}")
+
+
 @contextmanager
 def pinned_cores(tp: int, cores: str | None, progress):
     """Pin this build to `cores` (NEURON_RT_VISIBLE_CORES, read when the runtime starts) for its duration:
     building creates runtime models (NxDModel.add), and an unpinned process takes every visible NeuronCore,
     next to a running server's. Yields the cores; the variable is restored afterwards."""
-    cores = cores or os.environ.get(CORES_VAR) or ("0" if tp == 1 else f"0-{tp - 1}")
+    cores = default_cores(tp, cores)
     try:
         ids = [i for part in cores.split(",") for a, _, b in [part.strip().partition("-")]
                for i in range(int(a), int(b or a) + 1)]

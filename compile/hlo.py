@@ -6,8 +6,8 @@ inf2 run can diff them against neuronx-cc's `graph.hlo`.
 
 writes `<tag>.hlo.txt` per graph (prefill buckets, then both decode graphs) and `audit.json`; prints one line per graph.
 The audit (`audit`) reads the ENTRY computation: the op inventory, 64-bit types, the largest literal
-constants, and how each KV buffer is written (a scatter of one position per row in decode, never a select
-over the whole buffer).
+constants, how each KV buffer is written (a scatter of one position per row in decode, never a select
+over the whole buffer), and the width of every row a `sort` / `topk` orders (the tiled top-K's tiles).
 """
 
 from __future__ import annotations
@@ -69,9 +69,29 @@ def audit(hlo: str, kv_shapes: list[tuple[int, ...]]) -> dict:
             elif op == "parameter":
                 kv_params += 1
     constants.sort(key=lambda c: -c[1])
+    sorts = sort_widths(hlo)
     return {"ops": dict(sorted(ops.items(), key=lambda kv_: (-kv_[1], kv_[0]))), "wide": wide,
             "largest_constants": constants[:3], "constant_elements": sum(n for _, n in constants),
-            "kv_parameters": kv_params, "kv_selects": kv_selects, "kv_scatter_update_elements": kv_scatters}
+            "kv_parameters": kv_params, "kv_selects": kv_selects, "kv_scatter_update_elements": kv_scatters,
+            "sort_widths": sorts, "widest_sort": max(sorts, default=0)}
+
+
+SORT = re.compile(r" (sort|topk)\(([a-z]+\d*)\[([\d,]*)\][^)]*\)(.*)$")
+
+
+def sort_widths(hlo: str) -> list[int]:
+    """The length of the row each `sort` / `topk` instruction of the ENTRY computation orders (torch-xla
+    lowers torch.topk to a sort of the whole row, then a slice), in order: the tiled top-K must keep every
+    one within `model.tiled_topk.TILE_LIMIT`."""
+    out = []
+    for line in entry_lines(hlo):
+        m = SORT.search(line)
+        if not m:
+            continue
+        dims = _dims(m.group(3))
+        d = re.search(r"dimensions=\{(\d+)\}", m.group(4))
+        out.append(dims[int(d.group(1))] if d else dims[-1])
+    return out
 
 
 def graph_hlos(backend) -> dict[str, str]:
@@ -106,7 +126,8 @@ def write_hlo(cfg, out_dir: str | Path, progress=print) -> dict[str, dict]:
             biggest = a["largest_constants"][0] if a["largest_constants"] else ("none", 0)
             progress(f"{tag}: {sum(a['ops'].values())} instructions, {a['ops'].get('parameter', 0)} parameters, "
                      f"64-bit {a['wide'] or 'none'}, largest constant {biggest[0]}, KV: "
-                     f"{len(a['kv_scatter_update_elements'])} scatters, {a['kv_selects']} whole-buffer selects")
+                     f"{len(a['kv_scatter_update_elements'])} scatters, {a['kv_selects']} whole-buffer selects, "
+                     f"sorts over rows of {a['sort_widths'] or 'none'}")
     finally:
         engine.close()
     (out / "audit.json").write_text(json.dumps(report, indent=1))

@@ -70,6 +70,24 @@ def load_text_config(path: str | Path):
     return text_config_from_dict(raw, f)[2]
 
 
+BUNDLED = Path(__file__).resolve().parent.parent / "configs" / "model-configs"
+
+
+def config_or_bundled(path: str | Path, note=print):
+    """The checkpoint's own text config when it is there; else the bundled real config whose name the
+    checkpoint directory's starts with (`/models/gemma-4-E2B-it` -> `gemma-4-E2B.text_config.json`), saying
+    so through `note`; else the error of `load_text_config`."""
+    p = Path(path)
+    if (p / "config.json").is_file() or p.is_file():
+        return load_text_config(p)
+    name = p.name.lower()
+    for f in sorted(BUNDLED.glob("*.text_config.json")):
+        if name.startswith(f.name.removesuffix(".text_config.json").lower()):
+            note(f"note: no model config at {path}: planning with the bundled {f.relative_to(BUNDLED.parent.parent)}")
+            return load_text_config(f)
+    return load_text_config(p)
+
+
 def layer_params(cfg, dims: ModelDims, i: int, inter: int) -> dict[str, int]:
     """Parameter count of layer i, by how it is split under TP (col/row: split, kv: split or replicated)."""
     h, hd, hq, hkv = dims.hidden_size, dims.head_dims[i], dims.num_attention_heads, dims.kv_heads[i]

@@ -8,6 +8,10 @@ time limit (a TP collective that hangs must still report):
            a non-persistent buffer used in the forward, a head tied to the embedding module (as
            graph_model.TiedHead) and an int32 gather; three calls alternating the graphs, each checked
            against the same module on the CPU; the detail lists the weights the traces took
+  topk     the `decode` graph's tiled top-K alone (`model.tiled_topk` with the SDK's TopK per tile) compiled
+           at [TOPK_BATCH, 262144] (Gemma-4's real vocabulary, inf2.yaml's largest max_batch), run on bf16
+           logits with ties, against torch.topk: values equal, ids equal in the host's canonical order (the
+           tiny checkpoints' 512-token vocabulary cannot show what the compiler does with the real width)
   tp1      a tiny E2B-like checkpoint built at context 64 (batch 2) on core 0; two prompts of 20 tokens
            (past the sliding window of 8) decoded together on the CPU backend (bf16), and the very same
            inputs fed to the device (teacher forcing): logits per call within LOGIT_TOL, and the same argmax
@@ -31,8 +35,9 @@ from pathlib import Path
 from neuron_workers.errors import UserError
 
 PINS = {"torch-neuronx": "2.9.0.2.15.32035", "neuronx-cc": "2.26.6360.0", "neuronx-distributed": "0.19.28492"}
-STEPS = {"sdk": None, "toy": "0", "tp1": "0", "tp2": "0,1"}  # step -> NEURON_RT_VISIBLE_CORES
-STEP_TIMEOUT_S = {"sdk": 120, "toy": 1200, "tp1": 2400, "tp2": 2400}  # neuronx-cc runs inside toy, tp1, tp2
+STEPS = {"sdk": None, "topk": "0", "toy": "0", "tp1": "0", "tp2": "0,1"}  # step -> NEURON_RT_VISIBLE_CORES
+STEP_TIMEOUT_S = {"sdk": 120, "topk": 1200, "toy": 1200, "tp1": 2400, "tp2": 2400}  # neuronx-cc: all but sdk
+TOPK_BATCH, TOPK_WIDTH, TOPK_K = 32, 262144, 256
 LOGIT_TOL = 0.5  # bf16 device vs bf16 CPU on logits of magnitude ~20 (tiny random weights)
 
 
@@ -85,7 +90,7 @@ def version_ok(got: str | None, want: str) -> bool:
 
 def _run_step(step: str) -> dict:
     try:
-        ok, detail = {"sdk": _sdk, "toy": _toy, "tp1": lambda: _tiny("gemma4-e2b-tiny", 1),
+        ok, detail = {"sdk": _sdk, "topk": _topk, "toy": _toy, "tp1": lambda: _tiny("gemma4-e2b-tiny", 1),
                       "tp2": lambda: _tiny("gemma4-e4b-tiny", 2)}[step]()
     except Exception as e:  # a smoke test reports, it does not stop at the first failure
         ok, detail = False, f"{type(e).__name__}: {e}"
@@ -108,6 +113,47 @@ def _sdk() -> tuple[bool, str]:
             got[pkg] = None
     off = {p: (got[p], want) for p, want in PINS.items() if not version_ok(got[p], want)}
     return not off and "NEURON" in ls.upper(), f"{got}; not the pinned versions: {off}" if off else str(got)
+
+
+def _topk() -> tuple[bool, str]:
+    import torch
+    from torch import nn
+
+    from neuron_workers.backends.neuron import require_neuron
+    from neuron_workers.backends.neuron_build import neuron_topk
+    from neuron_workers.engine.topk import MARGIN, canonical
+    from neuron_workers.model.tiled_topk import tile_width, tiled_topk
+
+    _, nxd = require_neuron()
+
+    class TopKOnly(nn.Module):
+        kv_names: list = []  # no device state
+
+        def forward(self, logits):
+            values, ids = tiled_topk(logits, TOPK_K, neuron_topk)
+            return values, ids.to(torch.int32)
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(TOPK_BATCH, TOPK_WIDTH, generator=g) * 4).to(torch.bfloat16)  # bf16: many ties
+    t = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, nxd.NxDParallelState(world_size=1, tensor_model_parallel_size=1,
+                                                                     lnc_size=1):
+        builder = nxd.ModelBuilder(TopKOnly())
+        builder.trace(args=(x,), tag="topk")
+        model = builder.compile(compiler_args="--model-type=transformer --auto-cast=none --target inf2 -O2",
+                                max_workers=1, compiler_workdir=tmp)
+        compiled_s = time.perf_counter() - t
+        model.set_weights([{}])
+        model.to_neuron()
+        values, ids = model.forward(x)
+    want_v, want_i = torch.topk(x.float(), TOPK_K)
+    same_v = torch.equal(values.float(), want_v)
+    got = canonical(values.float(), ids.long(), TOPK_K - MARGIN)
+    ref = canonical(want_v, want_i, TOPK_K - MARGIN)
+    same_i = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    return same_v and same_i, (f"[{TOPK_BATCH}, {TOPK_WIDTH}] top-{TOPK_K} in tiles of "
+                               f"{tile_width(TOPK_WIDTH, TOPK_K)}: compiled in {compiled_s:.0f}s; values "
+                               f"{'equal' if same_v else 'DIFFER'}, canonical ids {'equal' if same_i else 'DIFFER'}")
 
 
 def _toy() -> tuple[bool, str]:

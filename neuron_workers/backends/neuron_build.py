@@ -1,7 +1,9 @@
 """Building Neuron artifacts with NxD ModelBuilder V2: trace each prefill bucket and the decode step from
 one `NeuronGraphModel` (so all graphs share the device KV state), check what each trace took as weights
-and as state against what we save, compile with per-phase flags and a bound on parallel compiler jobs,
-and save the NxDModel plus each rank's weights.
+and as state against what we save, compile with per-phase flags and a bound on parallel compiler jobs
+(`neuron_compile`: the riskiest graph first, every NEFF kept so a retry resumes), and save the NxDModel plus
+each rank's weights. The `decode` graph's top-K is the graphs' tiled one (`model.tiled_topk`) with the SDK's
+TopK per tile (`neuron_topk`).
 
 WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/doubles/neuron_double.py
 stands in for the SDK and enforces the rules the real one does. Compiling needs a Neuron host:
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 
 from neuron_workers.backends.neuron import MODEL_FILE, PHASE_FLAGS, WEIGHTS_DIR, require_neuron
+from neuron_workers.backends.neuron_compile import CACHE_DIR, WORK_DIR, compile_graphs, risk_order
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE, NeuronGraphModel, graph_model, make_buffers_persistent
 from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
@@ -25,8 +28,9 @@ EMBEDDING_KEYS = ("embed_tokens.weight", "lm_head.weight", "lm_head.embedding.we
 
 
 def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir: Path, progress,
-                 jobs: int = 1) -> dict[str, str]:
-    """Compile and save; returns the compiler flags per graph tag."""
+                 jobs: int = 1, resume_hint: str = "") -> dict[str, str]:
+    """Compile (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a retry) and save;
+    returns the compiler flags per graph tag."""
     _, nxd = require_neuron()
     from safetensors.torch import save_file
 
@@ -58,10 +62,10 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
             progress(f"warning: the traces take the tied embedding {len(copies)} times ({copies}): "
                      f"{len(copies) - 1} extra vocab x hidden copies of HBM per core that compile plan does not count")
         flags = {spec.tag: PHASE_FLAGS[spec.phase] for spec in specs}
-        progress(f"compiling {len(specs)} graphs with neuronx-cc, {jobs} at a time (minutes to tens of minutes "
-                 f"each; logs in {out_dir / 'compiler_workdir'}); {len(persistent)} non-persistent buffers saved")
-        nxd_model = builder.compile(compiler_args=flags, compiler_workdir=str(out_dir / "compiler_workdir"),
-                                    max_workers=jobs)
+        progress(f"compiling {len(specs)} graphs with neuronx-cc: {risk_order(flags)[0]} first and alone, then "
+                 f"{jobs} at a time (minutes to tens of minutes each; logs in {out_dir / WORK_DIR}, compiled graphs "
+                 f"kept in {out_dir / CACHE_DIR}); {len(persistent)} non-persistent buffers saved")
+        nxd_model = compile_graphs(builder, flags, out_dir, jobs, progress, resume_hint)
     nxd_model.save(str(out_dir / MODEL_FILE))
     (out_dir / WEIGHTS_DIR).mkdir(exist_ok=True)
     for r, w in enumerate(weights):
@@ -70,13 +74,15 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
     return flags
 
 
-def neuron_topk(logits: torch.Tensor, k: int):
-    """The K best logits of each row with the SDK's TopK op, as NxD's `operators.topk` does on trn1/inf2
-    (no NKI top-k kernel there): torch.topk would lower to a sort of the whole vocabulary. The logits are
-    already all-gathered under TP (the tied head gathers them), so one op over the full row."""
+def neuron_topk(x: torch.Tensor, k: int, dim: int):
+    """The per-tile op of the graphs' tiled top-K (`model.tiled_topk`): the SDK's TopK, as NxD's
+    `operators.topk` calls it on trn1/inf2 (no NKI top-k kernel there; torch.topk would lower to a sort).
+    The graph code gives it rows of at most `tiled_topk.TILE_LIMIT` and k <= 256, never a negative dim."""
     from torch_neuronx.xla_impl.ops import TopK
 
-    return TopK.apply(logits, k, dim=-1)
+    if dim < 0:
+        raise ValueError(f"TopK takes a non-negative dim (got {dim}), as every NxD caller passes")
+    return TopK.apply(x, k, dim=dim)
 
 
 def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan, rank: int) -> dict:

@@ -73,10 +73,11 @@ class NeuronGraphModel(nn.Module):
             self.register_buffer(name, torch.zeros(t.shape, dtype=dtype))
             self.kv_names.append(name)
 
-    def use_topk(self, fn) -> None:
-        """The top-K op the `decode` graph ends with (`graphs.torch_topk` unless the tracer gives another)."""
+    def use_topk(self, op) -> None:
+        """The per-tile top-K op (x, k, dim) the `decode` graph's tiled top-K runs (`tiled_topk.torch_topk_op`
+        unless the tracer gives another: the Neuron build passes the SDK's TopK)."""
         for graph in self.graphs.values():
-            graph.topk_fn = fn
+            graph.topk_op = op
 
     def step(self, host: list[torch.Tensor], prefill: bool):
         graph = self.graphs[PREFILL if prefill else (DECODE, self.candidates) if self.candidates else DECODE]

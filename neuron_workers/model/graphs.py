@@ -27,6 +27,7 @@ from torch import nn
 
 from neuron_workers.model.dims import FULL, SLIDING, ModelDims
 from neuron_workers.model.spec import PREFILL, GraphSpec
+from neuron_workers.model.tiled_topk import sharded_topk, tiled_topk, torch_topk_op
 
 
 class PrefillKV:
@@ -80,11 +81,6 @@ class DecodeKV:
         return self.scatter_index[key]
 
 
-def torch_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K best of each row, best first (the order of equal values is left to the op: the host settles it)."""
-    return torch.topk(logits, k, dim=-1)
-
-
 def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
     """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes)."""
     shape = list(x.shape)
@@ -104,7 +100,7 @@ class GemmaGraph(nn.Module):
         self.names = tuple(t.name for t in spec.inputs)
         self.num_fixed = len(self.names) - spec.num_kv
         self.layer_types = sorted(set(dims.layer_types))
-        self.topk_fn = torch_topk  # (logits, k) -> (values, ids); the Neuron build swaps in the SDK's TopK op
+        self.topk_op = torch_topk_op  # (x, k, dim) -> (values, ids) per tile; the Neuron build passes the SDK's TopK
 
     def forward(self, *inputs: torch.Tensor):
         x = dict(zip(self.names[: self.num_fixed], inputs[: self.num_fixed]))
@@ -118,12 +114,20 @@ class GemmaGraph(nn.Module):
 
     def _head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The tied LM head; the top-K variant keeps each row's K best raw logits (the soft-cap is
-        monotone, so they are the K best after it too) and their ids, best first."""
-        logits = self.lm_head(self.model.norm(hidden))[:, 0, :]
+        monotone, so they are the K best after it too) and their ids, best first, with the tiled top-K
+        (`tiled_topk`). A vocabulary-parallel head (tp > 1: it has `local_logits`) takes the top-K of its
+        own shard and gathers only the candidates; `decode_logits` gathers the logits."""
+        normed = self.model.norm(hidden)
         k = self.spec.candidates
+        local = getattr(self.lm_head, "local_logits", None)
+        if k and local is not None:
+            values, ids = sharded_topk(local(normed)[:, 0, :], k, self.lm_head.gather, self.dims.vocab_size,
+                                       self.topk_op)
+            return values, ids.to(self.spec.outputs[1].dtype)
+        logits = self.lm_head(normed)[:, 0, :]
         if not k:
             return (logits,)
-        values, ids = self.topk_fn(logits, k)
+        values, ids = tiled_topk(logits, k, self.topk_op)
         return values, ids.to(self.spec.outputs[1].dtype)
 
     def _decoder(self, x: dict, cache) -> torch.Tensor:

@@ -5,7 +5,8 @@ points; the decoder layers themselves stay transformers' own. Collectives are in
 torch.distributed/gloo on CPU, NxD's mappings on Neuron, so both backends share these points:
   - RowParallelLinear (o_proj, down_proj): all-reduce of the partial outputs
   - VocabParallelEmbedding: masked lookup in the rank's vocab rows, all-reduce
-  - VocabParallelHead (tied to the same shard): partial logits, all-gather along the vocabulary
+  - VocabParallelHead (tied to the same shard): partial logits, all-gather along the vocabulary (the top-K
+    `decode` graph gathers only each rank's top-K candidates instead)
 """
 
 from __future__ import annotations
@@ -59,7 +60,16 @@ class VocabParallelHead(nn.Module):
         self.embedding, self.coll = embedding, coll
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.coll.all_gather(nn.functional.linear(h, self.embedding.weight), dim=-1)
+        return self.gather(self.local_logits(h))
+
+    def local_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of the logits [..., vocab / tp] (the top-K `decode` graph gathers only its
+        candidates: `model.tiled_topk.sharded_topk`)."""
+        return nn.functional.linear(h, self.embedding.weight)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` concatenated along the last dim, in rank order."""
+        return self.coll.all_gather(x, dim=-1)
 
 
 def shard_tensor(plan: ShardPlan, key: str, t: torch.Tensor, rank: int) -> torch.Tensor:

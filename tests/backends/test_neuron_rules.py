@@ -170,3 +170,65 @@ def test_the_traced_module_takes_the_tied_embedding_once(tiny_dirs):
     names = [n.replace("->", ".") for n in builder.trace_artifacts_collection["decode"].weight_name_to_idx]
     big = [n for n in names if shapes[n] == (m.dims.vocab_size, m.dims.hidden_size)]
     assert big == ["lm.model.embed_tokens.weight"]
+
+
+def test_double_topk_refuses_what_the_sdk_refuses():
+    """k over 16,384, a row wider than 8,192 and a negative dim are refused (the old `decode` graph's one
+    TopK over the whole 262,144-wide row, with dim=-1, was all three but k); the tiled top-K passes."""
+    from neuron_workers.backends.neuron_build import neuron_topk
+    from neuron_workers.model.tiled_topk import tiled_topk
+
+    x = torch.randn(2, 262144)
+    with neuron_double.installed():
+        TopK = neuron_double.TopK
+        with pytest.raises(neuron_double.DoubleRejects, match="non-negative dim"):
+            TopK.apply(x[:, :64], 4, dim=-1)
+        with pytest.raises(neuron_double.DoubleRejects, match="k=16385"):
+            TopK.apply(torch.randn(1, 20000), 16385, dim=1)
+        with pytest.raises(neuron_double.DoubleRejects, match="row of 262144"):
+            TopK.apply(x, 256, dim=1)  # what the decode graph ran before it was tiled
+        with pytest.raises(ValueError, match="non-negative dim"):
+            neuron_topk(x[:, :64], 4, -1)
+        v, i = tiled_topk(x, 256, neuron_topk)
+    want = torch.topk(x, 256)
+    assert torch.equal(v, want.values) and torch.equal(i, want.indices)
+
+
+class Shaped(nn.Module):
+    """One KV buffer; the output's width is an attribute, so an eager run can differ from the traced graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.register_buffer("k_0", torch.zeros(2, 4))
+        self.kv_names, self.width = ["k_0"], 4
+
+    def forward(self, x):
+        self.k_0 = self.k_0 + x * self.w
+        return self.k_0[:, : self.width]
+
+
+def test_double_refuses_weights_not_one_per_rank():
+    for tp, given in ((2, 1), (1, 2)):
+        with neuron_double.installed(), neuron_double.NxDParallelState(world_size=tp, tensor_model_parallel_size=tp):
+            builder = neuron_double.ModelBuilder(Shaped())
+            builder.trace(args=(torch.ones(4),), tag="g")
+            model = builder.compile(compiler_args="-O1", max_workers=1)
+            with pytest.raises(neuron_double.DoubleRejects, match=f"got {given} weight dicts for a world of {tp}"):
+                model.set_weights([{"w": torch.ones(4)}] * given)
+            model.set_weights([{"w": torch.ones(4)}] * tp)
+
+
+def test_double_refuses_outputs_that_differ_from_the_traced_graph():
+    with neuron_double.installed():
+        module = Shaped()
+        builder = neuron_double.ModelBuilder(module)
+        builder.trace(args=(torch.ones(4),), tag="g")
+        assert builder.trace_artifacts_collection["g"].heads == [(2, 4)]
+        model = builder.compile(compiler_args="-O1", max_workers=1)
+        model.set_weights([{"w": torch.ones(4)}])
+        model.to_neuron()
+        assert model.forward(torch.ones(4)).shape == (2, 4)
+        module.width = 2  # the compiled graph would still return [2, 4]
+        with pytest.raises(neuron_double.DoubleRejects, match=r"returned shapes \[\(2, 2\)\].*traced \[\(2, 4\)\]"):
+            model.forward(torch.ones(4))

@@ -18,7 +18,7 @@ from neuron_workers.generate import main as generate_main
 from neuron_workers.model.loader import load_model
 
 from conftest import inf2_config_copy
-from doubles import neuron_double
+from doubles import neuron_double, neuron_double_units
 
 KV = ("k_", "v_")
 NO_SDK = pytest.mark.skipif(importlib.util.find_spec("torch_neuronx") is not None,
@@ -31,9 +31,10 @@ def kv_buffers(model):
 
 @pytest.mark.slow
 def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
+    said = []
     with neuron_double.installed() as calls:
         m = build(EngineConfig(str(tiny_dirs["gemma4-e2b-tiny"]), "neuron", 1, 64, (16, 32), "bfloat16",
-                               artifacts=str(tmp_path / "a"), max_batch=3), progress=lambda s: None, jobs=2)
+                               artifacts=str(tmp_path / "a"), max_batch=3), progress=said.append, jobs=2)
         builder_model = neuron_double.SAVED[str(tmp_path / "a" / "nxd_model.pt")].module
     traces = [c for c in calls if c[0] == "trace"]
     # one call per bucket, then decode with logits and decode with top-K candidates (same inputs)
@@ -48,9 +49,12 @@ def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
             assert dtypes == [torch.int32, torch.int32] + [torch.bfloat16] * 3 + [torch.int32] * 3
             assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8)
         assert all(written.values())  # every KV buffer replaced (the double checked each read its old value)
-    compile_call = next(c for c in calls if c[0] == "compile")
-    flags, jobs = compile_call[1], compile_call[3]
-    assert set(flags) == {"prefill_16", "prefill_32", "decode_logits", "decode"} and jobs == 2
+    # the riskiest graph first and alone, then the rest (2 at a time); the model holds them in trace order
+    assert [t for t, _ in neuron_double_units.COMPILED][0] == "decode"
+    flags = dict(neuron_double_units.COMPILED)
+    assert set(flags) == {"prefill_16", "prefill_32", "decode_logits", "decode"}
+    assert any("decode first and alone, then 2 at a time" in line for line in said)
+    assert [c[1] for c in calls if c[0] == "add"] == [t[1] for t in traces]
     for tag, f in flags.items():
         for flag in ("--model-type=transformer", "--auto-cast=none", "--target inf2"):
             assert flag in f
@@ -163,8 +167,9 @@ def test_build_from_the_serve_config_builds_what_it_serves(tiny_dirs, tmp_path, 
     m = Manifest.read(tmp_path / "art-e2b")
     assert (m.backend, m.tp, m.max_batch, m.max_context, m.prefill_buckets, m.dtype) == (
         "neuron", 1, 3, 64, [16, 32], "bfloat16")
-    assert next(c for c in calls if c[0] == "compile")[3] == 2
-    assert "== gemma-4-e2b" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "== gemma-4-e2b" in out and "then 2 at a time" in out
+    assert [c for c in calls if c[0] == "parallel_state"] == [("parallel_state", 1, 1)]
 
 
 @NO_SDK

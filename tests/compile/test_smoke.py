@@ -55,6 +55,22 @@ def test_toy_step_runs_against_the_double():
     assert "weights ['emb.weight', 'scale']" in detail  # the KV buffer is state, the head reads the embedding
 
 
+def test_topk_step_runs_the_tiled_op_at_the_real_width_against_the_double():
+    """The smoke test's top-K step at [32, 262144]: the double's TopK refuses rows wider than 8,192, so this
+    passes only through the tiles; a whole-row TopK fails the step."""
+    with neuron_double.installed() as calls:
+        ok, detail = smoke._topk()
+    assert ok, detail
+    assert "in tiles of 8192" in detail and "values equal, canonical ids equal" in detail
+    assert ("forward", "topk") in calls
+    from neuron_workers.model import tiled_topk
+
+    with neuron_double.installed(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tiled_topk, "tile_width", lambda width, k, limit=0: width)  # the old single op
+        ok, detail = smoke._run_step("topk").values()
+    assert not ok and "row of 262144" in detail
+
+
 @pytest.mark.slow
 def test_tp1_step_runs_against_the_double():
     with neuron_double.installed():

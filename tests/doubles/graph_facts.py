@@ -30,6 +30,12 @@ class _Outputs(nn.Module):
 def trace_facts(module, args) -> tuple[dict[str, KvUse], list[str]]:
     """Export module(*args) and read off (per KV buffer: read / written / from its old value) and the names
     of the other tensors the forward reads (its weights, as a trace sees them)."""
+    uses, weights, _ = export_facts(module, args)
+    return uses, weights
+
+
+def export_facts(module, args) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]]]:
+    """`trace_facts`, plus the shapes of the graph's outputs before the KV buffers (its heads)."""
     saved = {n: getattr(module, n) for n in module.kv_names}
     try:
         with torch.no_grad():
@@ -48,7 +54,8 @@ def trace_facts(module, args) -> tuple[dict[str, KvUse], list[str]]:
                            written=out is not ph, from_old=ph is not None and ph in _ancestors(out))
     weights = [p.removeprefix("m.") for p in sig.inputs_to_parameters.values()]
     weights += [b for b in by_buffer if b not in module.kv_names]
-    return uses, weights
+    heads = [tuple(o.meta["val"].shape) for o in outputs[: len(outputs) - len(module.kv_names)]]
+    return uses, weights, heads
 
 
 def _ancestors(node) -> set:

@@ -13,6 +13,11 @@ as the NxD 0.18 source and torch-xla's documentation describe the real ones:
   before the move to the device becomes two copies), a module reached by two paths is one;
 - `set_weights` takes dotted state-dict names and must get exactly the traced weights per rank;
 - `compile` needs `max_workers` (unbounded, it runs one neuronx-cc per graph at once);
+- `set_weights` takes one weights dict per rank of the NxDParallelState the graphs were traced under;
+- a compiled graph returns the shapes it was traced with: a forward whose outputs differ is refused (the
+  double runs the module eagerly, which could otherwise return what no compiled graph would);
+- TopK (k, row width, dim) and the fundamental units (`trace.functions.compile`, `NxDModel.add`): see
+  neuron_double_units.py;
 - forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
   NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
   traced dtypes, after `set_weights` and `to_neuron`.
@@ -31,14 +36,13 @@ from dataclasses import dataclass
 
 import torch
 
-from doubles.graph_facts import trace_facts
+from doubles import neuron_double_units as units
+from doubles.graph_facts import export_facts, trace_facts  # noqa: F401 (trace_facts: the tests check it is ours)
+from doubles.neuron_double_units import DoubleRejects, TopK, aliases_of, device_copies, route_key  # noqa: F401
 
 CALLS: list[tuple] = []
 SAVED: dict[str, "FakeNxDModel"] = {}
-
-
-class DoubleRejects(AssertionError):
-    """What the real SDK would reject, or silently get wrong."""
+STATE = {"tp": 1}  # the world size of the NxDParallelState entered last
 
 
 class NxDParallelState:
@@ -48,6 +52,7 @@ class NxDParallelState:
 
     def __enter__(self):
         CALLS.append(("parallel_state", self.world_size, self.tp))
+        STATE["tp"] = self.world_size
         return self
 
     def __exit__(self, *exc):
@@ -66,17 +71,28 @@ class TraceArtifacts:
     metaneff: types.SimpleNamespace
     inputs: list[tuple[tuple[int, ...], torch.dtype]]
     switches: dict = None  # module attributes the trace was taken under (the graph keeps them)
+    heads: list = None  # the graph's output shapes (before the state)
+    module: object = None  # what the double runs in place of the NEFF
+    hlo: object = None  # .SerializeToString(): the same bytes for the same trace
+
+
+@dataclass
+class FakeHlo:
+    text: str
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
+        return self.text.encode()
 
 
 class ModelBuilder:
     def __init__(self, model, weights_to_skip_layout_optimization=None):
-        self.model, self.trace_artifacts_collection = model, {}
+        self.model, self.trace_artifacts_collection, self.world_size = model, {}, STATE["tp"]
         CALLS.append(("ModelBuilder", type(model).__name__))
 
     def trace(self, args=None, kwargs=None, tag=None, spmd=True):
         if kwargs is not None or not isinstance(args, tuple):
             raise DoubleRejects("inputs must be a tuple of positional tensors")
-        uses, weights = trace_facts(self.model, args)
+        uses, weights, heads = export_facts(self.model, args)
         for name, u in uses.items():
             if u.written and not (u.read and u.from_old):
                 raise DoubleRejects(f"{tag}: buffer {name} is written without reading its old value: "
@@ -87,9 +103,10 @@ class ModelBuilder:
         inputs = [(tuple(a.shape), a.dtype) for a in args]
         # the module's own trace-time switches (e.g. which decode variant): the compiled graph keeps them
         switches = {"candidates": getattr(self.model, "candidates", None)}
+        hlo = FakeHlo(repr((inputs, weights, sorted(uses), switches, heads)))
         self.trace_artifacts_collection[tag] = TraceArtifacts(
             {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),
-            inputs, switches)
+            inputs, switches, heads, self.model, hlo)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -100,17 +117,26 @@ class ModelBuilder:
             raise DoubleRejects("compiler_args must name every traced graph")
         flags = dict(compiler_args) if isinstance(compiler_args, dict) else compiler_args  # a str: every graph
         CALLS.append(("compile", flags, compiler_workdir, max_workers))
-        return FakeNxDModel(self.model, self.trace_artifacts_collection)
+        model = FakeNxDModel(world_size=self.world_size)
+        for tag, art in self.trace_artifacts_collection.items():
+            model.add(tag, art, units.CompilationArtifacts("test double: no NEFF"))
+        return model
 
 
 class FakeNxDModel:
-    def __init__(self, module, traces):
-        self.module, self.traces, self.weights, self.on_device = module, traces, None, False
-        names = list(inspect.signature(module.forward).parameters)
+    def __init__(self, world_size=1, layout_transformer=None):
+        self.world_size, self.module, self.traces, self.weights, self.on_device = world_size, None, {}, None, False
         self.routes: dict[str, list[str]] = {}
-        for tag, t in traces.items():
-            self.routes.setdefault(route_key(names, [s for s, _ in t.inputs]), []).append(tag)
-        self.arg_names = names
+        self.arg_names: list[str] = []
+
+    def add(self, key, trace_artifacts, compilation_artifacts):
+        if self.module is not None and trace_artifacts.module is not self.module:
+            raise DoubleRejects("every graph of one NxDModel must come from the module the state came from")
+        self.module, self.traces[key] = trace_artifacts.module, trace_artifacts
+        self.arg_names = list(inspect.signature(self.module.forward).parameters)
+        self.routes.setdefault(route_key(self.arg_names, [s for s, _ in trace_artifacts.inputs]), []).append(key)
+        CALLS.append(("add", key))
+        return self
 
     def save(self, path, save_weights=False):
         SAVED[path] = self
@@ -123,6 +149,9 @@ class FakeNxDModel:
         return SAVED[path]
 
     def set_weights(self, per_rank):
+        if len(per_rank) != self.world_size:
+            raise DoubleRejects(f"set_weights got {len(per_rank)} weight dicts for a world of {self.world_size} "
+                                f"ranks: one per rank")
         traced = set().union(*({k.replace("->", ".") for k in t.weight_name_to_idx} for t in self.traces.values()))
         for r, w in enumerate(per_rank):
             if set(w) != traced:
@@ -164,58 +193,30 @@ class FakeNxDModel:
             if value is not None:
                 setattr(self.module, name, value)
         with torch.no_grad():
-            return self.module(*args)
-
-
-def route_key(names, shapes) -> str:
-    """NxDModel's route key: '(name: [shape], ...)' over the arguments given, in signature order."""
-    return "(" + ", ".join(f"{n}: {list(s)}" for n, s in zip(names, shapes)) + ")"
-
-
-def device_copies(module, weights: list[str]) -> list[str]:
-    """The weights as the device holds them: a tensor set on two different modules (a Parameter tie made
-    before the move) is one weight per module; a module reached by two paths is one weight."""
-    owners: dict[int, dict[int, str]] = {}  # tensor -> owning module -> its first name
-    for prefix, m in module.named_modules(remove_duplicate=False):
-        for tname, t in list(m._parameters.items()) + list(m._buffers.items()):
-            if t is not None:
-                owners.setdefault(id(t), {}).setdefault(id(m), f"{prefix}.{tname}" if prefix else tname)
-    tensors = dict(module.named_parameters(remove_duplicate=False))
-    tensors.update(module.named_buffers(remove_duplicate=False))
-    out: list[str] = []
-    for w in weights:
-        names = owners[id(tensors[w])].values() if w in tensors else [w]
-        out += [n for n in names if n not in out]
-    return out
-
-
-def aliases_of(module) -> dict[str, set[str]]:
-    """State-dict name -> every other name of the same tensor object (a module reached by two paths)."""
-    by_id: dict[int, set[str]] = {}
-    for n, t in list(module.named_parameters(remove_duplicate=False)) + list(
-            module.named_buffers(remove_duplicate=False)):
-        by_id.setdefault(id(t), set()).add(n)
-    return {n: names - {n} for names in by_id.values() for n in names}
+            out = self.module(*args)
+        got = [tuple(t.shape) for t in (out if isinstance(out, tuple) else (out,))]
+        if self.traces[tag].heads is not None and got != self.traces[tag].heads:
+            raise DoubleRejects(f"{tag} returned shapes {got}, but the compiled graph returns the traced "
+                                f"{self.traces[tag].heads}")
+        return out
 
 
 def _identity(x):
     return x
 
 
-class TopK:
-    """torch_neuronx.xla_impl.ops.TopK as NxD calls it (`TopK.apply(tensor, k, dim=dim)` -> values, indices).
-    Equal values come back in reverse id order, so the host's own tie rule is what the tests see."""
-
-    @staticmethod
-    def apply(tensor, k, dim=-1):
-        values, idx = torch.topk(tensor.flip(dim), k, dim=dim)
-        return values, tensor.shape[dim] - 1 - idx
+def _gather_copies(x):
+    """Gathers along the last dim into the world's shape (the double runs rank 0's program alone: the other
+    ranks' parts are copies of its own, so shapes are right and values are not)."""
+    return torch.cat([x] * STATE["tp"], dim=-1)
 
 
 @contextmanager
 def installed():
     """The fake SDK in sys.modules for the duration; CALLS cleared on entry."""
     CALLS.clear()
+    units.COMPILED.clear()
+    STATE["tp"] = 1
     tnx = types.ModuleType("torch_neuronx")
     tnx.__doc__ = "TEST DOUBLE"
     tnx.__version__ = "2.9.0.2.15.32035"
@@ -225,11 +226,20 @@ def installed():
     pl = types.ModuleType("neuronx_distributed.parallel_layers")
     mappings = types.ModuleType("neuronx_distributed.parallel_layers.mappings")
     mappings.reduce_from_tensor_model_parallel_region = _identity
-    mappings.gather_from_tensor_model_parallel_region = _identity
+    mappings.gather_from_tensor_model_parallel_region = _gather_copies
     xla_impl = types.ModuleType("torch_neuronx.xla_impl")
     ops = types.ModuleType("torch_neuronx.xla_impl.ops")
     ops.TopK = TopK
-    mods = {"torch_neuronx": tnx, "neuronx_distributed": nxd, "neuronx_distributed.parallel_layers": pl,
+    trace = types.ModuleType("neuronx_distributed.trace")
+    functions = types.ModuleType("neuronx_distributed.trace.functions")
+    functions.compile = units.compile
+    mb_utils = types.ModuleType("neuronx_distributed.trace.model_builder_utils")
+    mb_utils.CompilationArtifacts = units.CompilationArtifacts
+    nxd_model = types.ModuleType("neuronx_distributed.trace.nxd_model")
+    nxd_model.NxDModel = FakeNxDModel
+    mods = {"neuronx_distributed.trace": trace, "neuronx_distributed.trace.functions": functions,
+            "neuronx_distributed.trace.model_builder_utils": mb_utils, "neuronx_distributed.trace.nxd_model": nxd_model,
+            "torch_neuronx": tnx, "neuronx_distributed": nxd, "neuronx_distributed.parallel_layers": pl,
             "neuronx_distributed.parallel_layers.mappings": mappings, "torch_neuronx.xla_impl": xla_impl,
             "torch_neuronx.xla_impl.ops": ops}
     saved = {k: sys.modules.get(k) for k in mods}

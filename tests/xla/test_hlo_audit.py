@@ -21,6 +21,7 @@ from compile.__main__ import main as compile_main
 from compile.hlo import audit, graph_hlos, kv_shapes
 from neuron_workers.config import EngineConfig
 from neuron_workers.factory import build_engine
+from neuron_workers.model.tiled_topk import TILE_LIMIT, tile_width, tiled_topk
 
 from conftest import NAMES
 
@@ -45,12 +46,16 @@ def test_every_graph_passes_the_audit(graphs):
     assert list(hlos) == ["prefill_16", "prefill_32", "decode_logits", "decode"]
     for tag, text in hlos.items():
         a = audit(text, shapes)
-        # prefill: the one-element slot index; the top-K `decode` graph: torch.topk's [B, K] indices (cast to
-        # int32 before they leave the graph; a Neuron build takes torch-neuronx's TopK op instead)
-        s64_allowed = {"decode": BATCH * backend.candidates, "decode_logits": 0}.get(tag, 1)
+        # prefill: the one-element slot index; the top-K `decode` graph: torch.topk's indices of its tiles
+        # (2 tiles of K at the tiny width, cast to int32 at once; a Neuron build takes torch-neuronx's TopK op)
+        s64_allowed = {"decode": BATCH * 2 * backend.candidates, "decode_logits": 0}.get(tag, 1)
         assert "f64" not in a["wide"] and a["wide"].get("s64", 0) <= s64_allowed, (tag, a["wide"])
         assert a["constant_elements"] <= MAX_CONSTANT_ELEMENTS, (tag, a["largest_constants"])
         assert a["kv_parameters"] == len(shapes) and a["kv_selects"] == 0, tag
+        # the tiled top-K: a sort per tile, then one over the tiles' candidates; no other graph sorts
+        vocab, k = backend.dims.vocab_size, backend.candidates
+        tile = tile_width(vocab, k)
+        assert a["sort_widths"] == ([tile, vocab // tile * k] if tag == "decode" else []), (tag, a["sort_widths"])
         b, h, _, d = zip(*shapes)
         if tag.startswith("decode"):  # one position per row: B x H x D elements into each buffer
             assert a["kv_scatter_update_elements"] == [bb * hh * dd for bb, hh, dd in zip(b, h, d)]
@@ -94,3 +99,16 @@ def test_compile_hlo_writes_each_graph_and_the_audit(tiny_dirs, tmp_path, capsys
     assert report["decode"]["kv_selects"] == 0 and report["decode"]["ops"]["scatter"] == 12
     assert (out / "decode.hlo.txt").read_text().startswith("HloModule ")
     assert "decode: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+def test_the_tiled_top_k_at_the_real_width_sorts_no_row_wider_than_the_tile(batch):
+    """The `decode` graph's top-K at Gemma-4's 262,144-wide rows, as torch-xla lowers it: every sort is over
+    at most TILE_LIMIT; the one torch.topk over the whole row it replaced fails this check."""
+    import torch_xla
+
+    x = torch.randn(batch, 262144).to(torch_xla.device())
+    tiled = audit(torch_xla._XLAC._get_xla_tensors_hlo(list(tiled_topk(x, 256))), [])
+    assert tiled["sort_widths"] == [TILE_LIMIT, TILE_LIMIT] and tiled["widest_sort"] <= TILE_LIMIT
+    whole = audit(torch_xla._XLAC._get_xla_tensors_hlo(list(torch.topk(x, 256, dim=-1))), [])
+    assert whole["widest_sort"] == 262144

@@ -1,0 +1,116 @@
+"""Compiling a build's traced graphs: riskiest first and alone, then the rest; every NEFF kept in a cache keyed
+by graph, HLO, flags and compiler version, so a failed or interrupted build resumes where it stopped.
+
+This replaces `ModelBuilder.compile`, which compiles every graph in its pool before it raises (a failing
+graph is known only at the end) and runs neuronx-cc with `use_cache=False` (a retry recompiles all). We call
+the ModelBuilder V2 fundamental units it calls itself (NxD 0.19 `trace/model_builder_v2.py`: without a
+priority model it is `trace.functions.compile` per graph, then `NxDModel(world_size, layout_transformer=None)`
+and `add(key, trace_artifacts, compilation_artifacts)` per graph, in trace order).
+
+WRITTEN AGAINST THE NxD CORE 0.19 SOURCE, NOT RUN ON HARDWARE HERE (tests/doubles/neuron_double_units.py
+stands in). Unconfirmed: that tracing the same module twice gives byte-identical HLO; if it does not, the
+cache misses and the graph is compiled again (time lost, never a wrong NEFF: the key is the HLO itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from neuron_workers.errors import UserError
+from neuron_workers.model.spec import DECODE, DECODE_LOGITS
+
+CACHE_DIR, WORK_DIR = "neff_cache", "compiler_workdir"
+LOG_FILE = "log-neuron-cc.txt"  # NxD's ModelBuilderConstants.LOG_FILE_DEFAULT_NAME, in workdir/<tag>/<timestamp>/
+LOG_TAIL_LINES = 25
+
+
+def risk_order(tags) -> list[str]:
+    """The order to compile in: `decode` (the top-K graph at the configured batch and the real vocabulary:
+    the one most likely to be refused), `decode_logits`, then the prefill buckets, largest first."""
+    rank = {DECODE: (0, 0), DECODE_LOGITS: (1, 0)}
+    return sorted(tags, key=lambda t: rank.get(t, (2, -int(t.rsplit("_", 1)[-1]) if t[-1].isdigit() else 0)))
+
+
+def cache_key(tag: str, hlo, flags: str, compiler: str) -> str:
+    h = hashlib.sha256()
+    for part in (tag.encode(), hlo.SerializeToString(), flags.encode(), compiler.encode()):
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()[:20]
+
+
+def compiler_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("neuronx-cc")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class CompileFailed(UserError):
+    """A graph did not compile: names it, shows its compiler log's tail, says how to resume."""
+
+
+def compile_graphs(builder, flags: dict[str, str], out_dir: Path, jobs: int, progress, resume_hint: str = ""):
+    """An NxDModel of every graph `builder` traced (compiled or taken from the cache)."""
+    from neuronx_distributed.trace.functions import compile as nxd_compile
+    from neuronx_distributed.trace.model_builder_utils import CompilationArtifacts
+    from neuronx_distributed.trace.nxd_model import NxDModel
+
+    arts = builder.trace_artifacts_collection
+    cache, workdir = out_dir / CACHE_DIR, out_dir / WORK_DIR
+    cache.mkdir(parents=True, exist_ok=True)
+    version = compiler_version()
+    order = risk_order(list(arts))
+
+    def one(tag: str):
+        kept = cache / f"{tag}-{cache_key(tag, arts[tag].hlo, flags[tag], version)}.neff"
+        if kept.exists():
+            progress(f"{tag}: compiled by an earlier run, reused ({kept})")
+            return CompilationArtifacts(str(kept))
+        t = time.perf_counter()
+        progress(f"{tag}: compiling ({flags[tag]})")
+        art = nxd_compile(arts[tag].hlo, arts[tag].metaneff, str(workdir), flags[tag], tag)
+        part = kept.with_suffix(".part")
+        shutil.copyfile(art.neff_filepath, part)
+        part.replace(kept)  # whole or absent: an interrupted copy is never reused
+        progress(f"{tag}: compiled in {time.perf_counter() - t:.0f}s, kept in {kept}")
+        return CompilationArtifacts(str(kept))
+
+    results = {}
+    try:
+        results[order[0]] = one(order[0])  # alone: if the riskiest graph fails, nothing else was spent
+    except Exception as e:
+        raise _failed(order[0], e, workdir, cache, resume_hint) from e
+    failed: dict[str, Exception] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(one, tag): tag for tag in order[1:]}
+        for f in as_completed(futures):  # the others finish (and are kept) even when one fails
+            try:
+                results[futures[f]] = f.result()
+            except Exception as e:
+                failed[futures[f]] = e
+    if failed:
+        tag = next(t for t in order if t in failed)
+        raise _failed(tag, failed[tag], workdir, cache, resume_hint, others=sorted(set(failed) - {tag}))
+    model = NxDModel(world_size=builder.world_size, layout_transformer=None)
+    for tag in arts:  # trace order: the first graph's state is the model's state
+        model.add(key=tag, trace_artifacts=arts[tag], compilation_artifacts=results[tag])
+    return model
+
+
+def _failed(tag, error, workdir: Path, cache: Path, resume_hint: str, others=()) -> CompileFailed:
+    logs = sorted((workdir / tag).glob(f"*/{LOG_FILE}"), key=lambda p: p.stat().st_mtime)
+    tail = ""
+    if logs:
+        lines = logs[-1].read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        tail = f"\n--- {logs[-1]} (last {len(lines)} lines) ---\n" + "\n".join(lines) + "\n---"
+    kept = len(list(cache.glob("*.neff")))
+    also = f" (also failed: {', '.join(others)})" if others else ""
+    return CompileFailed(f"graph {tag} did not compile: {type(error).__name__}: {error}{also}{tail}\n"
+                         f"{kept} compiled graphs are kept in {cache}; {resume_hint or 'run the same command again'}"
+                         f" to resume: graphs already compiled with the same HLO and flags are not compiled again")
