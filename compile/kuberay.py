@@ -25,6 +25,10 @@ from compile.plan import INSTANCES
 # does not import serve_app, and a test keeps the two equal)
 SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152",
              "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+# HAProxy through serve_app/ops/haproxy-shed (request-head timeout, per-source connection cap), as
+# serve_app/ops/ray_env.py's shed_env() sets it locally; the image has this repository at /app (README, KubeRay)
+APP_DIR = "/app"
+SHED_ENV = {"RAY_SERVE_HAPROXY_BINARY_PATH": f"{APP_DIR}/serve_app/ops/haproxy-shed"}
 
 OUT = Path("configs/kuberay/rayservice.yaml")
 SHARED_DIR = "/models"
@@ -55,7 +59,7 @@ def _resources(instance: str) -> dict:
 
 
 def _container(name: str, resources: dict, ready_on_health: bool, mounts: bool) -> dict:
-    env = [json.loads(json.dumps(API_KEY))] + [{"name": k, "value": v} for k, v in SERVE_ENV.items()]
+    env = [json.loads(json.dumps(API_KEY))] + [{"name": k, "value": v} for k, v in {**SERVE_ENV, **SHED_ENV}.items()]
     c = {"name": name, "image": IMAGE, "env": env, "resources": resources,
          "ports": [{"containerPort": 8000, "name": "serve"}]}
     if ready_on_health:

@@ -30,6 +30,7 @@ from serve_app.openai import protocol as P
 from serve_app.openai.constraints import ConstraintError
 from serve_app.openai.responses import Output
 from serve_app.ops import drain, gate, health
+from serve_app.ops.metrics import prometheus_text
 
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
@@ -91,16 +92,6 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-def _scrape(host: str, port: int) -> str:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
-            return r.read().decode()
-    except OSError as e:
-        return f"# metrics agent {host}:{port} unreachable: {e}\n"
-
-
 def overloaded(model: str) -> JSONResponse:
     return error(503, f"model `{model}` is at capacity; retry later", "server_error", code="overloaded",
                  headers=RETRY)
@@ -145,20 +136,27 @@ class Router:
         return await drain.STATE.drain(timeout_s)
 
     @api.get("/metrics")
-    async def metrics(self):
-        """Prometheus text from every alive node's Ray metrics agent (whatever port Ray gave it)."""
-        import ray
+    async def metrics(self, all: bool = False):
+        """Prometheus text of every alive node: the serving series (`ray_gemma4_*`, `ray_serve_*`), or with
+        `?all=true` everything Ray's metrics agents export (serve_app/ops/metrics.py)."""
         from fastapi.responses import PlainTextResponse
 
-        nodes = [(n["NodeManagerAddress"], n["MetricsExportPort"]) for n in ray.nodes() if n.get("Alive")]
-        texts = await asyncio.gather(*(asyncio.to_thread(_scrape, h, p) for h, p in nodes))
-        return PlainTextResponse("".join(texts), media_type="text/plain; version=0.0.4")
+        text = await prometheus_text(everything=all)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def _card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "gemma4-inf2",
+                "max_model_len": self.max_context.get(name)}
 
     @api.get("/v1/models")
     async def list_models(self):
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "gemma4-inf2",
-                 "max_model_len": self.max_context.get(name)} for name in self.models]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [self._card(name) for name in self.models]}
+
+    @api.get("/v1/models/{model:path}")
+    async def get_model(self, model: str):
+        if model not in self.models:
+            return error(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return self._card(model)
 
     @api.get("/health")
     @api.get("/health/ready")

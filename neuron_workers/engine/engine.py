@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 
 from neuron_workers.backends import Backend
-from neuron_workers.engine.detokenizer import IncrementalDetokenizer
+from neuron_workers.engine.detokenizer import IncrementalDetokenizer, unused_ids
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
 from neuron_workers.engine.grammar import GrammarError, Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
@@ -74,6 +74,11 @@ class Engine:
             return 1
         return max(len(t) for t in self.tokenizer.get_vocab())
 
+    @functools.cached_property
+    def unused_ids(self) -> frozenset[int]:
+        """The reserved `<unusedN>` tokens: never text (`detokenizer.unused_ids`)."""
+        return unused_ids(self.tokenizer) if self.tokenizer is not None else frozenset()
+
     def validate(self, prompt_ids: list[int], max_tokens: int) -> None:
         """Raise a UserError unless the ids are in the vocabulary and prompt + new tokens fit the context."""
         vocab = self.dims.vocab_size
@@ -112,7 +117,8 @@ class Engine:
         logprob and the top n; `skip_special_tokens=False` keeps control tokens in the text (for parsers)."""
         self.validate(prompt_ids, params.max_tokens)
         eos = set() if params.ignore_eos else set(self.model.eos_token_ids)
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens) if self.tokenizer else None
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens, self.unused_ids) \
+            if self.tokenizer else None
         return Sequence(list(prompt_ids), params, frozenset(set(params.stop_token_ids) | eos),
                         None if params.greedy else make_generator(params.seed), detok, StopStrings(stop or []),
                         grammar=grammar, logprobs=logprobs)

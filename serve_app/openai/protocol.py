@@ -135,7 +135,7 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _shape(self):
         if self.content is None and not (self.role in ("assistant", "model") and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
+            raise ValueError(f"a message with role `{self.role}` needs content")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
         return self

@@ -91,8 +91,8 @@ class DrainState:
         """Stop admitting; wait for the requests in flight; end the rest. Returns the counts."""
         self.draining = True
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        at_start = len(self.inflight)
-        log.info("draining: %d request(s) in flight, up to %.0f s to finish", at_start, timeout_s)
+        at_start = list(self.inflight)
+        log.info("draining: %d request(s) in flight, up to %.0f s to finish", len(at_start), timeout_s)
         await self._wait_empty(timeout_s)
         late = [f for f in self.inflight if not f.done]
         for f in late:
@@ -100,7 +100,12 @@ class DrainState:
         if late:
             log.warning("drain: ending %d request(s) still running after %.0f s", len(late), timeout_s)
         await self._wait_empty(self.abort_grace_s)
-        return {"in_flight": at_start, "finished": at_start - len(late), "ended": len(late),
+        # finished: answered whole; ended: by this drain, in shape; cut: gone without a whole answer (the
+        # client left, or the server was stopped under them, e.g. by a second signal)
+        finished = sum(f.done and not f.aborted for f in at_start)
+        ended = sum(f.aborted for f in at_start)
+        return {"in_flight": len(at_start), "finished": finished, "ended": ended,
+                "cut": sum(not f.done for f in at_start if f not in self.inflight and not f.aborted),
                 "left": len(self.inflight)}
 
 

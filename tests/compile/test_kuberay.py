@@ -69,7 +69,7 @@ def test_manifest_shape_head_workers_secret_readiness(monkeypatch):
 
 def test_every_node_gets_the_serve_settings_the_app_runs_with():
     from compile.kuberay import SERVE_ENV
-    from serve_app.ops.ray_env import CLUSTER
+    from serve_app.ops.ray_env import CLUSTER, shed_env
 
     assert SERVE_ENV == CLUSTER
     spec = rayservice(yaml.safe_load(CONFIG.read_text()))["spec"]["rayClusterConfig"]
@@ -77,3 +77,5 @@ def test_every_node_gets_the_serve_settings_the_app_runs_with():
     for g in groups:
         env = {e["name"]: e.get("value") for e in g["template"]["spec"]["containers"][0]["env"]}
         assert all(env.get(k) == v for k, v in CLUSTER.items()), env
+        shed = env["RAY_SERVE_HAPROXY_BINARY_PATH"]  # the wrapper, where the image keeps this repository
+        assert shed == shed_env()["RAY_SERVE_HAPROXY_BINARY_PATH"].replace(str(ROOT), "/app"), shed

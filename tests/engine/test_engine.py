@@ -106,6 +106,21 @@ def test_incremental_detokenizer_equals_full_decode(tiny_dirs):
     assert not any("\ufffd" in p for p in pieces)
 
 
+def test_unused_tokens_never_become_text_even_with_special_tokens_kept(tiny_dirs):
+    from transformers import AutoTokenizer
+
+    from neuron_workers.engine.detokenizer import unused_ids
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["gemma4-e2b-tiny"]))
+    drop = unused_ids(tok)
+    u58, channel = tok.convert_tokens_to_ids("<unused58>"), tok.convert_tokens_to_ids("<|channel>")
+    assert u58 in drop and channel not in drop
+    ids = [u58, *tok("Hello", add_special_tokens=False)["input_ids"], channel, u58]
+    d = IncrementalDetokenizer(tok, skip_special_tokens=False, drop=drop)
+    text = "".join(d.push(i) for i in ids) + d.flush()
+    assert text == "Hello<|channel>" and tok.decode(ids, skip_special_tokens=False).count("<unused58>") == 2
+
+
 def seq_of(n_prompt, seq_id=None):
     from neuron_workers.engine.sequence import Sequence
     from neuron_workers.engine.stops import StopStrings

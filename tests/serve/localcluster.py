@@ -86,8 +86,9 @@ def short_tmp() -> Path:
 
 
 def ray_node(tmp: Path, name: str, resources: dict, head_port: int | None = None, gcs_port: int | None = None,
-             num_cpus: int = 2, ray_tmp: Path | None = None) -> Proc:
-    """`ray start --block` for a head (gcs_port) or a node joining 127.0.0.1:head_port."""
+             num_cpus: int = 2, ray_tmp: Path | None = None, extra_env: dict | None = None) -> Proc:
+    """`ray start --block` for a head (gcs_port) or a node joining 127.0.0.1:head_port; `extra_env` reaches
+    every process of the node (its Serve proxy and HAProxy too)."""
     ray_tmp = ray_tmp or short_tmp()
     args = [str(Path(sys.executable).with_name("ray")), "start", "--block", "--node-ip-address=127.0.0.1",
             f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}", "--object-store-memory=80000000",
@@ -98,7 +99,7 @@ def ray_node(tmp: Path, name: str, resources: dict, head_port: int | None = None
                  f"--ray-client-server-port={free_port()}"]
     else:
         args += [f"--address=127.0.0.1:{head_port}"]
-    return Proc(args, tmp / f"{name}.log", cleanup=ray_tmp, env=env())
+    return Proc(args, tmp / f"{name}.log", cleanup=ray_tmp, env=env(**(extra_env or {})))
 
 
 def write_config(tmp: Path, port: int, args: dict, deployments: list | None = None,

@@ -65,6 +65,12 @@ def stats(model):
 def test_openai_client_chat_and_completions(tiny_app, engines):
     c = client(tiny_app)
     assert sorted(m.id for m in c.models.list().data) == sorted(MODELS)
+    assert c.models.retrieve("e2b").id == "e2b"  # GET /v1/models/{id}
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("no-such-model")
+    assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     for name, eng in engines.items():
         want, finish, n = reference(eng, eng.encode_chat(msgs), 20)

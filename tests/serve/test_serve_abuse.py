@@ -204,7 +204,11 @@ def test_metrics_add_up_by_finish_reason(app):
         while time.time() < deadline and got != want:
             got = metric_counts(h.get(app.removesuffix("/v1") + "/metrics").text, "counted")
             time.sleep(1)
-    assert got == want
+        assert got == want
+        served, everything = (h.get(app.removesuffix("/v1") + q).text for q in ("/metrics", "/metrics?all=true"))
+    names = {line.split("{")[0].split(" ")[0] for line in served.splitlines() if not line.startswith("#")}
+    assert names and all(n.startswith(("ray_gemma4_", "ray_serve_")) for n in names), names
+    assert "ray_gemma4_request_finished_total" in everything and len(everything) > 2 * len(served)
 
 
 def heavy_body(model: str) -> dict:

@@ -87,7 +87,7 @@ def test_drain_finishes_short_requests_ends_long_ones_in_shape_and_refuses_new(s
         return await result
 
     result = run(scenario())
-    assert result == {"in_flight": 3, "finished": 1, "ended": 2, "left": 0}
+    assert result == {"in_flight": 3, "finished": 1, "ended": 2, "cut": 0, "left": 0}
     assert short_stream.body().endswith(b"data: 2\n\ndata: [DONE]\n\n")
     events = [e for e in long_stream.body().decode().split("\n\n") if e]
     assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["error"]["code"] == "shutting_down"
@@ -95,6 +95,23 @@ def test_drain_finishes_short_requests_ends_long_ones_in_shape_and_refuses_new(s
     assert long_json.status() == 503 and json.loads(long_json.body())["error"]["code"] == "shutting_down"
     assert late.status() == 503 and (b"retry-after", b"1") in late.sent[0]["headers"]
     assert not state.inflight
+
+
+def test_drain_counts_requests_cut_under_it_as_cut_not_finished(state):
+    """A second signal stops the server under the drain: its requests leave without a whole answer."""
+    streams = [Client() for _ in range(3)]
+
+    async def scenario():
+        tasks = [asyncio.create_task(drain.Drain(sse_app(1000, 0.05))(c.scope, c.receive, c.send)) for c in streams]
+        await asyncio.sleep(0.1)
+        result = asyncio.create_task(state.drain(timeout_s=5))
+        await asyncio.sleep(0.1)
+        for t in tasks:  # what a server stopping under its connections does to them
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return await result
+
+    assert run(scenario()) == {"in_flight": 3, "finished": 0, "ended": 0, "cut": 3, "left": 0}
 
 
 def test_drain_leaves_health_and_metrics_alone(state):
