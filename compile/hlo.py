@@ -4,7 +4,8 @@ inf2 run can diff them against neuronx-cc's `graph.hlo`.
 
     python -m compile hlo --model DIR --out DIR [--batch B --max-context N --prefill-buckets 16,32 --dtype D]
 
-writes `<tag>.hlo.txt` per graph (prefill buckets, then both decode graphs) and `audit.json`; prints one line per graph.
+writes `<tag>.hlo.txt` per graph (prefill buckets, both decode graphs, the extend graphs) and `audit.json`;
+prints one line per graph.
 The audit (`audit`) reads the ENTRY computation: the op inventory, 64-bit types, the largest literal
 constants, how each KV buffer is written (a scatter of one position per row in decode, never a select
 over the whole buffer), and the width of every row a `sort` / `topk` orders (the tiled top-K's tiles).
@@ -21,6 +22,7 @@ from pathlib import Path
 INSTR = re.compile(r"^\s*(?:ROOT )?%\S+ = ([a-z]+\d*)\[([\d,]*)\](?:\{[^}]*\})? ([a-z][\w-]*)\((.*)$")
 OPERAND = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
 WIDE = ("f64", "s64", "u64", "c128")
+VERIFY_T = 8  # T of the per-position (speculative verify) extend graph the audit covers
 
 
 def _dims(text: str) -> tuple[int, ...]:
@@ -46,6 +48,7 @@ def audit(hlo: str, kv_shapes: list[tuple[int, ...]]) -> dict:
     wide: dict[str, int] = {}  # 64-bit type -> largest element count seen
     constants: list[tuple[str, int]] = []
     kv = {tuple(s) for s in kv_shapes}
+    flat = {(math.prod(s[:-1]), s[-1]) for s in kv}  # the [B*H*N, D] view the extend graph scatters into
     kv_selects, kv_scatters, kv_params = 0, [], 0
     for line in entry_lines(hlo):
         m = INSTR.match(line)
@@ -59,7 +62,7 @@ def audit(hlo: str, kv_shapes: list[tuple[int, ...]]) -> dict:
                 wide[t] = max(wide.get(t, 0), math.prod(d))
         if op == "constant":
             constants.append((f"{ty}[{m.group(2)}]", n))
-        if dims in kv and ty not in ("pred",) and not ty.startswith("s"):
+        if (dims in kv or (dims in flat and op != "parameter")) and ty not in ("pred",) and not ty.startswith("s"):
             if op == "select":
                 kv_selects += 1
             elif op == "scatter":
@@ -95,12 +98,18 @@ def sort_widths(hlo: str) -> list[int]:
 
 
 def graph_hlos(backend) -> dict[str, str]:
-    """tag -> HLO text of every graph of an `XlaBackend` (prefill buckets, then `decode_logits` and the top-K
-    `decode`), traced with zero host inputs as `compile build` traces them; nothing runs."""
+    """tag -> HLO text of every graph of an `XlaBackend` (prefill buckets, `decode_logits`, the top-K `decode`, and
+    per extend bucket T: `extend_1xT`, `extend_1xT_logits`, `extend_BxT_all`), traced with zero host inputs as
+    `compile build` traces them; nothing runs."""
     from neuron_workers.model.spec import DECODE, PREFILL
 
     specs = [backend.spec(PREFILL, b) for b in backend.buckets] + [backend.spec(DECODE)]
     specs += [backend.spec(DECODE, 1, backend.candidates)] if backend.candidates else []
+    for t in getattr(backend, "extend_buckets", ()):  # chunked prefill's graphs
+        specs += [backend.extend_spec(t, 1), backend.extend_spec(t, 1, logits=True)]
+    if backend.candidates:  # the verify shape of speculative decoding: every row, T = 8, per-position candidates
+        t = min(VERIFY_T, backend.dims.ring_size(backend.max_context))
+        specs.append(backend.extend_spec(t, backend.max_batch, per_position=True))
     return {s.tag: backend.hlo(s, tuple(t.zeros() for t in s.host_inputs)) for s in specs}
 
 

@@ -3,10 +3,12 @@
 Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
 - weights: counted from the config analytically (not from a model object), bf16, split by the shard
   plan; the PLE table is left out (it stays on the host);
-- KV cache: full layers hold max_context slots, sliding layers a ring of the window, KV-shared layers none;
+- KV cache: full layers hold max_context slots, sliding layers a ring of the window plus its slack
+  (`dims.RING_SLACK`: 64 positions), KV-shared layers none;
 - activations / scratch (an estimate): a fixed runtime reserve plus the larger of the largest prefill
   bucket's transients (one prompt: fp32 attention scores of one layer, MLP intermediates, hidden states)
-  and the decode step's (`batch` rows, attention over the whole context), plus `batch` rows of fp32 logits
+  and the decode step's (`batch` rows, attention over the whole context) and the extend graphs' (a prefill
+  chunk; the speculative verify shape, every row x 8 positions), plus `batch` rows of fp32 logits
   (both decode graphs compute them on the device: `decode` keeps only each row's top-K of them, the
   `decode_logits` variant returns them);
 - device -> host per decode step: `decode` returns K candidates a row (bf16 values + int32 ids),
@@ -20,6 +22,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from neuron_workers.config import PREFILL_CHUNK_DEFAULTS
 from neuron_workers.errors import UserError
 from neuron_workers.model.dims import FULL, SLIDING, ModelDims, decode_candidates
 from neuron_workers.parallel.shard_plan import ShardPlan, intermediate_sizes, make_plan
@@ -129,6 +132,10 @@ def kv_per_core(dims: ModelDims, plan: ShardPlan, batch: int, ctx: int, bytes_pe
     return batch * (per_token[FULL] * ctx + per_token[SLIDING] * dims.ring_size(ctx))
 
 
+EXTEND_CHUNK = PREFILL_CHUNK_DEFAULTS["neuron"]  # T of chunked prefill's extend graph on Neuron
+EXTEND_VERIFY = 8  # T of the widest speculative verify extend counted
+
+
 def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: int, ctx: int | None = None) -> int:
     hq = dims.num_attention_heads // plan.tp
     inter = max(s.intermediate for s in plan.layers)
@@ -138,7 +145,11 @@ def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: i
 
     prefill = transients(1, bucket, bucket)  # one prompt at a time, into its slot
     decode = transients(batch, 1, ctx or bucket)
-    return RUNTIME_RESERVE + max(prefill, decode) + batch * dims.vocab_size * 4
+    # the extend graphs: a prefill chunk (one row, `EXTEND_CHUNK` queries over the context plus the chunk) and
+    # the verify shape of speculative decoding (every row, `EXTEND_VERIFY` queries, per-position candidates)
+    keys = (ctx or bucket) + EXTEND_CHUNK
+    extend = max(transients(1, EXTEND_CHUNK, keys), transients(batch, EXTEND_VERIFY, keys))
+    return RUNTIME_RESERVE + max(prefill, decode, extend) + batch * dims.vocab_size * 4
 
 
 def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: int | None = None) -> Plan:

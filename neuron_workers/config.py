@@ -19,6 +19,11 @@ SUPPORTED_TP = (1, 2, 4, 8)
 DEFAULT_CPU_CONTEXT = 1024
 DEFAULT_MAX_BATCH = 8
 MAX_BATCH_LIMIT = 256
+# Chunk size of chunked prefill per backend (bench/prefill_stall.py): on CPU a chunk of 32 tokens costs about
+# a decode step of the real 12B shapes' width; neuron compiles an extend graph per chunk size and prefers
+# larger tiles (a 256-token chunk is the 4,096-token prefill in 16 steps). Off for a model whose sliding ring
+# is smaller (the tiny test models); an explicit `prefill_chunk` is clamped to the ring.
+PREFILL_CHUNK_DEFAULTS = {"cpu": 32, "tp": 32, "xla": 32, "neuron": 256}
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class EngineConfig:
     artifacts: str | None = None  # compiled graphs (compile build --out); required by the neuron backend
     max_batch: int | None = None  # sequences decoded together (KV slots); None: the artifacts', else 8
     threads: int | None = 1  # torch host threads for this process; None leaves torch's default
+    prefill_chunk: int | None = None  # prompts longer than this prefill in chunks (extend graph); 0: never;
+    # None: the backend's default (PREFILL_CHUNK_DEFAULTS), at most the sliding ring
 
     def __post_init__(self):
         _one_of("backend", self.backend, BACKENDS)
@@ -43,6 +50,8 @@ class EngineConfig:
             raise UserError(f"max_batch must be in [1, {MAX_BATCH_LIMIT}], got {self.max_batch}", param="max_batch")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"threads must be >= 1, got {self.threads}", param="threads")
+        if self.prefill_chunk is not None and self.prefill_chunk < 0:
+            raise UserError(f"prefill_chunk must be >= 0 (0: off), got {self.prefill_chunk}", param="prefill_chunk")
         if self.max_context is not None and self.max_context < 2:
             raise UserError(f"max_context must be >= 2, got {self.max_context}", param="max_context")
         if self.prefill_buckets is not None:
@@ -84,3 +93,13 @@ def check_tp(tp: int) -> None:
 def _one_of(name: str, value, allowed: tuple) -> None:
     if value not in allowed:
         raise UserError(f"unknown {name} {value!r}; use one of {', '.join(map(str, allowed))}", param=name)
+
+
+def resolve_prefill_chunk(value: int | None, backend: str, ring: int, max_context: int) -> int:
+    """The chunk size to use: the configured one (0: off; at most the ring) or the backend's default, which
+    stays off for a model whose ring is smaller than it (the tiny test models: window 8, ring 16), so those
+    keep whole-prompt prefill, and the sampled tokens their tests were written against, unless asked."""
+    if value is None:
+        chunk = PREFILL_CHUNK_DEFAULTS[backend]
+        return chunk if chunk <= min(ring, max_context) else 0
+    return min(value, ring, max_context)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from neuron_workers.config import EngineConfig, resolve_context
+from neuron_workers.config import EngineConfig, resolve_context, resolve_prefill_chunk
 from neuron_workers.engine.engine import Engine
 from neuron_workers.errors import UserError
 from neuron_workers.model.host_inputs import default_buckets
@@ -45,7 +45,10 @@ def build_engine(cfg: EngineConfig) -> Engine:
 
         backend = CpuBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode,
                              max_batch=cfg.batch)
-    return Engine(model, backend)
+    chunk = resolve_prefill_chunk(cfg.prefill_chunk, "tp" if cfg.tp > 1 else cfg.backend, model.dims.ring_size(ctx),
+                                  ctx)
+    backend.extend_buckets = (chunk,) if chunk else ()
+    return Engine(model, backend, prefill_chunk=chunk)
 
 
 def resolve_buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:

@@ -51,6 +51,9 @@ def parse_args(argv):
     ap.add_argument("--max-batch", type=int, help="sequences decoded together (default 1, or the artifacts')")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch host threads (default 1: fastest for the graphs' small host ops)")
+    ap.add_argument("--prefill-chunk", type=int,
+                    help="prefill prompts longer than N in chunks of N, between decode steps (0: off; default: "
+                         "the backend's, see neuron_workers.config.PREFILL_CHUNK_DEFAULTS)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     args = ap.parse_args(argv)
     if not args.prompt and not args.prompt_ids:
@@ -70,6 +73,7 @@ def run(args) -> list[dict]:
     engine = build_engine(EngineConfig(model=args.model, backend=args.backend, tp=args.tp,
                                        max_context=args.max_context, dtype=args.dtype, cpu_mode=args.cpu_mode,
                                        artifacts=args.artifacts, threads=args.threads,
+                                       prefill_chunk=args.prefill_chunk,
                                        max_batch=args.max_batch or (None if args.artifacts else 1)))
     try:
         if args.prompt:

@@ -22,6 +22,7 @@ class Started:
     """The prompt was accepted; its first token is not ready yet (streams only)."""
 
     prompt_tokens: int
+    in_thought: bool = False  # the rendered prompt ends inside a thought channel (set on a request's first event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[dict, ...] = ()  # per token when asked: {token, logprob, bytes, top_logprobs}
+    in_thought: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class Finished:
     completion_tokens: int
     text: str = ""  # the text no Delta carried: a non-streaming request's whole output, a stream's tail
     logprobs: tuple[dict, ...] = ()  # per-token logprobs of those tokens, when asked
+    in_thought: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,7 @@ class GenerateRequest:
     tools: tuple[dict, ...] = ()  # OpenAI tool definitions, for the chat template
     template_kwargs: tuple[tuple[str, bool], ...] = ()  # e.g. (("enable_thinking", True),)
     grammar: str | None = None  # llguidance grammar every token must follow (`serve_app.openai.constraints`)
+    grammar_in_thought: str | None = None  # its variant for a prompt that ends inside a thought channel
     grammar_param: str | None = None  # the request field it comes from (for a 400)
     logprobs: int | None = None  # None: none; n: each token's logprob and the top n
     keep_special: bool = False  # keep control tokens in the text (the router's output parsers need them)

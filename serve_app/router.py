@@ -13,103 +13,23 @@ stream has started, a failure is one `data: {"error": ...}` event followed by `d
 """
 
 import asyncio
-import json
-import logging
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
-from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.events import Delta, Failed, Finished
+from serve_app.http import REPLICA_GONE, api, error, failed, log, overloaded, replica_gone, sse
 from serve_app.openai import bodies
 from serve_app.openai import protocol as P
-from serve_app.openai.constraints import ConstraintError
+from serve_app.openai import tokenize as TK
 from serve_app.openai.responses import Output
 from serve_app.ops import drain, gate, health
 from serve_app.ops.metrics import prometheus_text
 
-log = logging.getLogger("ray.serve")
-api = FastAPI(title="Gemma-4 on Inferentia2", version="0.1.0")
-api.add_middleware(gate.Gate)
-api.add_middleware(drain.Drain)  # outermost: counts every /v1 request in flight (serve_app/ops/drain.py)
-RETRY = {"Retry-After": "1"}
-REPLICA_GONE = (RayActorError, ActorUnavailableError)  # the replica died or restarts: retryable
 
-
-def error(status: int, message: str, type_: str = "invalid_request_error", param=None, code=None, headers=None):
-    return JSONResponse(P.error_body(message, type_, param, code), status_code=status, headers=headers)
-
-
-@api.exception_handler(RequestValidationError)
-async def _validation(request: Request, exc: RequestValidationError):
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    if first.get("type") == "json_invalid" or not loc and first.get("type") == "missing":
-        return error(400, "the request body is not valid JSON", code="invalid_json")
-    cause = (first.get("ctx") or {}).get("error")
-    if isinstance(cause, P.UnsupportedField):
-        return error(400, str(cause), param=cause.name, code="unsupported_parameter")
-    if isinstance(cause, ConstraintError):
-        return error(400, str(cause), param=cause.param, code="invalid_value")
-    path = ".".join(x for x in loc if x not in _TYPE_NAMES and "[" not in x)  # drop union-branch names
-    msg = first.get("msg", "invalid request").removeprefix("Value error, ")
-    return error(400, f"{path}: {msg}" if path else msg, param=loc[0] if loc else None, code="invalid_value")
-
-
-_TYPE_NAMES = {"str", "int", "float", "bool", "TextPart"}
-
-
-@api.exception_handler(bodies.BodyError)
-async def _body(request: Request, exc: bodies.BodyError):
-    return error(400, str(exc), code="invalid_json")
-
-
-@api.exception_handler(ConstraintError)
-async def _constraint(request: Request, exc: ConstraintError):
-    return error(400, str(exc), param=exc.param, code="invalid_value")
-
-
-@api.exception_handler(StarletteHTTPException)
-async def _http(request: Request, exc: StarletteHTTPException):
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return error(exc.status_code, str(exc.detail), code=code)
-
-
-@api.exception_handler(Exception)
-async def _server_error(request: Request, exc: Exception):  # ours, never the user's: log it, answer in shape
-    if drain.cancelled(exc):  # the client went away: one line, no traceback (nobody is left to answer)
-        log.info("client disconnected: %s %s cancelled", request.method, request.url.path)
-        return error(499, "client closed the request", "server_error", code="client_closed_request")
-    log.exception("request failed: %s", exc)
-    return error(500, f"internal error: {type(exc).__name__}", "server_error", code="internal_error")
-
-
-def sse(data: dict | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-
-def overloaded(model: str) -> JSONResponse:
-    return error(503, f"model `{model}` is at capacity; retry later", "server_error", code="overloaded",
-                 headers=RETRY)
-
-
-def failed(ev: Failed, chat: bool) -> JSONResponse:
-    """A replica's refusal as the HTTP error it stands for (a chat's prompt is its `messages`)."""
-    param = "messages" if chat and ev.param == "prompt" else ev.param
-    return error(ev.status, ev.message, ev.type, param=param, code=ev.code)
-
-
-def replica_gone(model: str, e: Exception) -> JSONResponse:
-    log.warning("replica of %s unavailable: %s", model, e)
-    return error(503, f"the replica serving `{model}` stopped; retry the request", "server_error",
-                 code="replica_unavailable", headers=RETRY)
-
-
-# Serve pickles this class when the decorator runs: every helper it uses must be defined above.
+# Serve pickles this class when the decorator runs: every helper it uses is defined above or imported.
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress(api)
 class Router:
@@ -178,6 +98,32 @@ class Router:
     async def completions(self, request: Request):
         return await self._serve(await bodies.parse(P.CompletionRequest, await request.body()), chat=False)
 
+    @api.post("/tokenize", openapi_extra=bodies.openapi(TK.TokenizeRequest))
+    async def tokenize(self, request: Request):
+        body = await bodies.parse(TK.TokenizeRequest, await request.body())
+        out = await self._call(body.model, "tokenize", body.call_args(), body.messages is not None)
+        if isinstance(out, dict):
+            out["max_model_len"] = self.max_context.get(body.model)
+        return out
+
+    @api.post("/detokenize", openapi_extra=bodies.openapi(TK.DetokenizeRequest))
+    async def detokenize(self, request: Request):
+        body = await bodies.parse(TK.DetokenizeRequest, await request.body())
+        return await self._call(body.model, "detokenize", (list(body.tokens),), False)
+
+    async def _call(self, model: str, name: str, args: tuple, chat: bool):
+        """Tokenizer work on a replica of `model`: its answer, or the error it stands for."""
+        handle = self.models.get(model)
+        if handle is None:
+            return error(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        try:
+            out = await handle.call.remote(name, args)
+        except BackPressureError:
+            return overloaded(model)
+        except REPLICA_GONE as e:
+            return replica_gone(model, e)
+        return failed(out, chat) if isinstance(out, Failed) else out
+
     async def _serve(self, body, chat: bool):
         handle = self.models.get(body.model)
         if handle is None:
@@ -218,6 +164,7 @@ class Router:
     async def _stream(self, first, gen, rid, model, chat, include_usage, out: Output):
         """SSE chunks. Any failure after the 200 went out is one `data: {"error": ...}` event and then
         `data: [DONE]`: a stream never just stops."""
+        out.open(first)
         try:
             for chunk in out.start():
                 yield sse(chunk)

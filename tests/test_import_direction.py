@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = ("serve_app.app", "serve_app.router", "serve_app.run")  # what ties serve_app's rooms together
+TOP = ("serve_app.app", "serve_app.router", "serve_app.run", "serve_app.http")  # what ties the rooms together
 # package (or subpackage, or module) -> what it must never import
 FORBIDDEN = {
     "neuron_workers": ("serve_app", "compile"),

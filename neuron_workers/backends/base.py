@@ -1,12 +1,13 @@
 """The backend skeleton every backend shares: the spec cache and the prefill / decode dispatch.
 
-A backend owns the KV buffers ([max_batch, ...] per KV layer) between calls. Call order:
-`prefill(bucket, inputs)` writes one prompt into the slot its inputs name, then `decode(inputs)` advances
-every slot by one token, repeatedly; prefills may come between decodes. `inputs` are the spec's host
-inputs (`GraphSpec.host_inputs`), in order. `decode_candidates(inputs)` is the same step through the
-top-K variant of the decode graph (`candidates` K; 0: the backend has none), which returns each row's K
-best logits and ids instead of the whole vocabulary. Subclasses implement `_run(spec, inputs)` only: it
-returns the outputs before the KV buffers (the logits, or candidate values and ids).
+A backend owns the KV buffers ([max_batch, ...] per KV layer) between calls. Call order: `prefill(bucket, inputs)`
+writes one prompt into the slot its inputs name, then `decode(inputs)` advances every slot by one token, repeatedly;
+prefills may come between decodes. `extend(spec, inputs)` runs R rows x T new tokens over what their slots hold
+(chunked prefill, and the verify step of speculative decoding). `inputs` are the spec's host inputs
+(`GraphSpec.host_inputs`), in order. `decode_candidates(inputs)` is the same step through the top-K variant of the
+decode graph (`candidates` K; 0: the backend has none), which returns each row's K best logits and ids instead of the
+whole vocabulary. Subclasses implement `_run(spec, inputs)` only: it returns the outputs before the KV buffers (the
+logits, or candidate values and ids).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Protocol
 import torch
 
 from neuron_workers.model.dims import ModelDims
-from neuron_workers.model.spec import DECODE, PREFILL, Candidates, GraphSpec, decode_candidates, make_spec
+from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, Candidates, GraphSpec, decode_candidates, make_spec
 
 
 class Backend(Protocol):
@@ -25,6 +26,7 @@ class Backend(Protocol):
     max_context: int
     max_batch: int
     buckets: tuple[int, ...]
+    extend_buckets: tuple[int, ...]  # T of the extend graphs built (chunked prefill's chunk among them)
     candidates: int  # K of decode_candidates (0: none; the engine then always decodes logits)
 
     def spec(self, phase: str, bucket: int = 1) -> GraphSpec: ...
@@ -56,13 +58,26 @@ class GraphBackend:
         self.max_context, self.buckets, self.max_batch = max_context, tuple(sorted(buckets)), max_batch
         self._specs: dict[tuple[str, int, int], GraphSpec] = {}
         self.candidates = decode_candidates(dims)
+        self.extend_buckets: tuple[int, ...] = ()
 
-    def spec(self, phase: str, bucket: int = 1, candidates: int = 0) -> GraphSpec:
-        key = (phase, bucket if phase == PREFILL else 1, candidates)
+    def spec(self, phase: str, bucket: int = 1, candidates: int = 0, rows: int = 0,
+             per_position: bool = False) -> GraphSpec:
+        key = (phase, bucket if phase in (PREFILL, EXTEND) else 1, candidates, rows, per_position)
         if key not in self._specs:
             self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
-                                         self.id_dtype, self.kv_heads, candidates)
+                                         self.id_dtype, self.kv_heads, candidates, rows, per_position)
         return self._specs[key]
+
+    def extend_spec(self, t: int, rows: int = 1, logits: bool = False, per_position: bool = False) -> GraphSpec:
+        """The extend graph of `rows` x `t` new tokens: top-K candidates of the last position (of every
+        position with `per_position`), or the last position's full logits (`logits`)."""
+        k = 0 if logits or not self.candidates else self.candidates
+        return self.spec(EXTEND, t, k, rows, per_position and bool(k))
+
+    def extend(self, spec: GraphSpec, inputs):
+        """Run an extend graph (`extend_spec`): its candidates (a `Candidates`) or logits [rows, vocab]."""
+        out = self._run(spec, inputs)
+        return Candidates(*out) if spec.candidates else out
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
         return self._run(self.spec(PREFILL, bucket), inputs)

@@ -44,8 +44,8 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
             cmd = cmds.get()
             if cmd[0] == "close":
                 break
-            phase, seq_len, candidates, inputs = cmd
-            out = backend._run(backend.spec(phase, seq_len, candidates), inputs)
+            key, inputs = cmd
+            out = backend._run(backend.spec(*key), inputs)
             if rank == 0:
                 replies.put(("logits", rank, out.clone() if isinstance(out, torch.Tensor)
                              else tuple(t.clone() for t in out)))
@@ -93,7 +93,8 @@ class TpCpuBackend(GraphBackend):
 
     def _run(self, spec: GraphSpec, inputs):
         for q in self.cmds:
-            q.put((spec.phase, spec.seq_len, spec.candidates, tuple(t.clone() for t in inputs)))
+            key = (spec.phase, spec.seq_len, spec.candidates, spec.rows, spec.per_position)
+            q.put((key, tuple(t.clone() for t in inputs)))
         return self._collect("logits", 1)[0]
 
     def close(self) -> None:

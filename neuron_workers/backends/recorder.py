@@ -1,6 +1,6 @@
-"""LogitsRecorder: a backend wrapper that keeps (phase, logits) of every call, to compare two backends
-step by step (the inf2 smoke test against the CPU backend, and the tests). With `keep_inputs` it also
-keeps (bucket, host inputs) of every call, so another backend can be fed the very same inputs
+"""LogitsRecorder: a backend wrapper that keeps (phase, logits) of every call, to compare two backends step by step
+(the inf2 smoke test against the CPU backend, and the tests). With `keep_inputs` it also keeps (bucket, host inputs)
+of every call (an extend call: its spec in place of the bucket), so another backend can be fed the very same inputs
 (teacher forcing: one near-tie cannot send the two down different token paths)."""
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ class LogitsRecorder:
         self.calls.append(("decode", out.clone()))
         return out
 
+    def extend(self, spec, inputs):
+        self._keep(spec, inputs)
+        out = self.inner.extend(spec, inputs)
+        self.calls.append(("extend", out.clone()))
+        return out
+
     def _keep(self, bucket, inputs):
         if self.keep_inputs:  # the decode inputs are updated in place between steps: copy them
             self.inputs.append((bucket, tuple(t.clone() for t in inputs)))
@@ -38,6 +44,10 @@ def replay(backend, recorder: LogitsRecorder) -> list:
 
     out = []
     for (phase, _), (bucket, inputs) in zip(recorder.calls, recorder.inputs):
+        if phase == "extend":  # `bucket` is the extend graph's spec
+            spec = backend.spec(bucket.phase, bucket.seq_len, bucket.candidates, bucket.rows, bucket.per_position)
+            out.append(backend.extend(spec, tuple(t.to(s.dtype) for t, s in zip(inputs, spec.host_inputs))))
+            continue
         spec = backend.spec(phase if phase == PREFILL else DECODE, bucket)
         cast = tuple(t.to(s.dtype) for t, s in zip(inputs, spec.host_inputs))
         out.append(backend.prefill(bucket, cast) if phase == PREFILL else backend.decode(cast))

@@ -71,6 +71,7 @@ class XlaBackend(GraphBackend):
     def _call(self, spec: GraphSpec, inputs) -> tuple:
         """The graph's heads (logits, or the top-K `decode` graph's values and ids), still on the device."""
         self.module.candidates = spec.candidates  # which decode variant (decode and decode_logits share inputs)
+        self.module.per_position = spec.per_position  # which extend variant
         out = self.module(*(t.to(self.device) for t in inputs))
         return out if isinstance(out, tuple) else (out,)
 

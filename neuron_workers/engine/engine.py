@@ -1,7 +1,8 @@
 """The engine: continuous batching of sequences over one backend's static graphs.
 
 `add` queues a sequence, `cancel` drops one, `step` does one round: admit waiting sequences into free
-slots (each prefilled on its own, batch 1, into its slot), then one decode step over every running row,
+slots (each prefilled on its own, batch 1, into its slot; with `prefill_chunk` a longer prompt goes through
+the extend graph one chunk a step, `scheduler.prefill_work`), then one decode step over every running row,
 per-row sampling, stop rules and detokenization; it returns the step's events. The engine owns host-side
 work only (PLE lookup, masks, sampling, stops, detokenization); the backend owns the graphs and the KV
 buffers. It is not thread-safe: one thread drives it (`loop.EngineLoop` in a server; `generate`
@@ -27,6 +28,7 @@ from neuron_workers.engine.scheduler import Scheduler
 from neuron_workers.engine.sequence import Sequence
 from neuron_workers.engine.stops import StopStrings
 from neuron_workers.errors import ContextLengthError, UserError
+from neuron_workers.model.extend_inputs import extend_inputs
 from neuron_workers.model.host_inputs import DecodeBatch, choose_bucket, prefill_inputs
 from neuron_workers.model.spec import DECODE, PREFILL
 
@@ -34,12 +36,14 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None):
+    def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None, prefill_chunk: int = 0):
         self.model, self.backend = model, backend
         self.dims, self.tokenizer = model.dims, model.tokenizer
         self.max_context, self.max_batch = backend.max_context, backend.max_batch
-        self.batch = DecodeBatch(backend.spec(DECODE), model.ple)
-        self.scheduler = Scheduler(self.max_batch, prefill_tokens_per_step or max(backend.buckets))
+        self.batch = DecodeBatch(backend.spec(DECODE), model.ple, self.dims.sliding_window)
+        self.prefill_chunk = prefill_chunk  # 0: whole prompts; else longer ones go through the extend graph
+        budget = prefill_tokens_per_step or (prefill_chunk + self.max_batch if prefill_chunk else max(backend.buckets))
+        self.scheduler = Scheduler(self.max_batch, budget, prefill_chunk)
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
 
@@ -59,12 +63,19 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return list(self._require_tokenizer()(text)["input_ids"])
 
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+                    **template_kwargs) -> str:
+        """The chat template's prompt text; `tools` and the kwargs (e.g. `enable_thinking`) go to the template."""
+        return self._require_tokenizer().apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                             add_generation_prompt=add_generation_prompt,
+                                                             **template_kwargs)
+
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
-        """The chat template's prompt ids; `tools` and the kwargs (e.g. `enable_thinking`) go to the template."""
-        tok = self._require_tokenizer()
-        text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True,
-                                       **template_kwargs)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return self.encode_rendered(self.render_chat(messages, tools, **template_kwargs))
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Ids of a rendered prompt (its control tokens and BOS are in the text)."""
+        return list(self._require_tokenizer()(text, add_special_tokens=False)["input_ids"])
 
     @functools.cached_property
     def max_token_chars(self) -> int:
@@ -141,9 +152,14 @@ class Engine:
     def step(self) -> list[EngineEvent]:
         """Admit and prefill waiting sequences, then decode one token for every running one."""
         events: list[EngineEvent] = []
-        for seq in self.scheduler.admit():
-            events.append(self._guard(seq, self._prefill))
-        running = list(self.scheduler.running.values())
+        decoding = sum(1 for s in self.scheduler.running.values() if s.output_ids)
+        for seq, n in self.scheduler.prefill_work(decoding):
+            if n == len(seq.prompt_ids):
+                events.append(self._guard(seq, self._prefill))
+            else:
+                ev = self._guard(seq, lambda s, n=n: self._prefill_chunk(s, n))
+                events += [ev] if ev is not None else []
+        running = [s for s in self.scheduler.running.values() if s.output_ids]
         self.last_decode_rows = len(running)
         if running:
             events += self._decode(running)
@@ -155,8 +171,29 @@ class Engine:
         spec = self.backend.spec(PREFILL, bucket)
         inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
         logits = self.backend.prefill(bucket, inputs)
+        self.scheduler.prefilled(seq, len(ids))
         self.batch.start(seq.slot, len(ids))
         return self._emit(seq, self._sample(logits, [(0, seq)])[0])
+
+    def _prefill_chunk(self, seq: Sequence, n: int) -> TokenEvent | None:
+        """The next `n` prompt tokens of `seq` through the extend graph (T = prefill_chunk, one row); the
+        last chunk samples the first token, the others leave the slot parked (its decode row writes only
+        where the next chunk writes)."""
+        start = seq.prefilled
+        last = start + n == len(seq.prompt_ids)
+        rows = self._rows([(0, seq)]) if last else []
+        k = self.backend.candidates
+        logits = not k or any(needs_logits(r, k) for r in rows if isinstance(r, Row))
+        spec = self.backend.extend_spec(self.prefill_chunk, 1, logits=logits)
+        inputs = extend_inputs(spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
+                               self.dims.sliding_window)
+        scores = self.backend.extend(spec, inputs)
+        self.scheduler.prefilled(seq, n)
+        if not last:
+            self.batch.park(seq.slot, seq.prefilled)
+            return None
+        self.batch.start(seq.slot, len(seq.prompt_ids))
+        return self._emit(seq, self._pick(scores, rows)[0])
 
     def _decode(self, running: list[Sequence]) -> list[EngineEvent]:
         try:

@@ -51,15 +51,18 @@ class GrammarError(RuntimeError):
 
 
 class RowGrammar:
-    def __init__(self, matcher, param: str | None = None):
-        self.m, self.param = matcher, param
+    def __init__(self, matcher, param: str | None = None, forget=None):
+        self.m, self.param, self.forget = matcher, param, forget
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         import llguidance.torch as llt
 
         llt.fill_next_token_bitmask(self.m, bitmask, row)
         if self.m.is_error():
-            raise GrammarError(f"the grammar from `{self.param}` failed: {short(self.m.get_error())}", self.param)
+            error = short(self.m.get_error())
+            if "panic" in error and self.forget is not None:  # a panic poisons what the copies share: recompile
+                self.forget()
+            raise GrammarError(f"the grammar from `{self.param}` failed: {error}", self.param)
 
     def accept(self, token: int) -> None:
         if not self.m.consume_token(token):
@@ -110,7 +113,7 @@ class Grammars:
             proto = self.cache.get(grammar)
             if proto is not None:
                 self.cache.move_to_end(grammar)
-                return RowGrammar(proto.deep_copy(), param)
+                return RowGrammar(proto.deep_copy(), param, lambda: self.forget(grammar))
         # never raises: a bad grammar is an error state
         proto = LLMatcher(tok, grammar, log_level=0, limits=parser_limits())
         if proto.is_error():
@@ -120,4 +123,8 @@ class Grammars:
             self.cache[grammar] = proto
             while len(self.cache) > CACHE:
                 self.cache.popitem(last=False)
-        return RowGrammar(proto.deep_copy(), param)
+        return RowGrammar(proto.deep_copy(), param, lambda: self.forget(grammar))
+
+    def forget(self, grammar: str) -> None:
+        with self.lock:
+            self.cache.pop(grammar, None)

@@ -43,6 +43,7 @@ class Sequence:
     admitted_at: float | None = None
     grammar: object | None = None  # grammar.RowGrammar: constrains every token
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the top n
+    prefilled: int = 0  # prompt tokens whose KV is in the slot (chunked prefill advances it chunk by chunk)
 
     @property
     def next_position(self) -> int:

@@ -11,6 +11,13 @@ from dataclasses import dataclass
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 DECODE_CANDIDATES = 256  # K of the `decode` graph (NxD Inference's global_topk): Gemma-4's top_k 64 + margin
+# Sliding rings hold the window plus this many positions (at most the window again): a position written and
+# later abandoned (a rejected draft, the tail of a kept prefix that a new prompt leaves) overwrites only ring
+# entries at least `slack` behind the newest, which no query from the abandoned point on needs. It bounds an
+# abandoning extend (speculative verify) to T <= slack + 1 and a reused prefix to one that ends within slack
+# of the kept history. Chunked prefill needs none (its pads write back the old values, and its queries read
+# the ring as it was before the chunk). E2B / E4B (window 512): ring 576; 12B (1024): 1088.
+RING_SLACK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +81,12 @@ class ModelDims:
         return next((i for i in range(self.num_layers) if self.kv_source[i] != i), self.num_layers)
 
     def ring_size(self, max_context: int) -> int:
-        return min(self.sliding_window, max_context)
+        """Slots of a sliding layer's ring: the window plus `ring_slack` (see RING_SLACK)."""
+        return min(self.sliding_window + self.ring_slack, max_context)
+
+    @property
+    def ring_slack(self) -> int:
+        return min(RING_SLACK, self.sliding_window)
 
     def kv_shape(self, layer: int, batch: int, max_context: int, kv_heads: int | None = None) -> tuple[int, ...]:
         """[B, kv_heads, slots, head_dim]: full layers hold max_context slots, sliding layers a ring."""

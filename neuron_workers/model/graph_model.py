@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from neuron_workers.model.graphs import GemmaGraph
-from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
+from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, decode_candidates, make_spec
 
 ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
 
@@ -49,10 +49,10 @@ def tie_head(hf_lm: nn.Module) -> nn.Module:
 
 
 class NeuronGraphModel(nn.Module):
-    """Prefill (called with last_idx / ring_idx / slot) and decode (without them) over KV buffers registered
-    as state, [max_batch, ...] each. ModelBuilder V2 traces `forward` once per graph tag; which phase a
-    trace is comes from which inputs it was given, never from a shape (a prefill bucket of 1 is not
-    decode). ModelBuilder rejects *args, so the two subclasses below spell the inputs out."""
+    """Prefill (called with last_idx / ring_idx / slot), extend (last_idx / slots) and decode (none of them) over KV
+    buffers registered as state, [max_batch, ...] each. ModelBuilder V2 traces `forward` once per graph tag; which
+    phase a trace is comes from which inputs it was given, never from a shape (a prefill bucket of 1 is not decode).
+    ModelBuilder rejects *args, so the two subclasses below spell the inputs out."""
 
     def __init__(self, hf_lm: nn.Module, dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None):
         super().__init__()
@@ -61,12 +61,17 @@ class NeuronGraphModel(nn.Module):
         specs = {PREFILL: make_spec(dims, PREFILL, max_batch, 2, max_context, dtype, ID_DTYPE, kv_heads),
                  DECODE: make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads),
                  (DECODE, k): make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads, k)}
+        # extend: one wrapper per head (logits, last candidates, every position's); T and R come from the inputs
+        for kk, every in ((0, False), (k, False), (k, True)):
+            specs[(EXTEND, kk, every)] = make_spec(dims, EXTEND, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads,
+                                                   kk, 1, every)
         self.lm = hf_lm  # the weights, registered once
         # the phase wrappers share self.lm; kept out of the module tree so no weight is listed twice
         self.__dict__["graphs"] = {key: GemmaGraph(hf_lm, dims, spec) for key, spec in specs.items()}
         # which decode variant a trace is: the top-K one has the same inputs as `decode`, so the tracer sets
         # this before tracing it (NxDModel tells the two apart by their tags at run time)
         self.candidates = 0
+        self.per_position = False  # which extend variant a trace is (set like `candidates`)
         self.kv_names = []
         for t in specs[DECODE].kv_inputs:
             name = t.name.replace(".", "_")
@@ -79,8 +84,11 @@ class NeuronGraphModel(nn.Module):
         for graph in self.graphs.values():
             graph.topk_op = op
 
-    def step(self, host: list[torch.Tensor], prefill: bool):
-        graph = self.graphs[PREFILL if prefill else (DECODE, self.candidates) if self.candidates else DECODE]
+    def step(self, host: list[torch.Tensor], phase: str):
+        if phase == EXTEND:
+            graph = self.graphs[(EXTEND, self.candidates, self.per_position and bool(self.candidates))]
+        else:
+            graph = self.graphs[phase if phase == PREFILL or not self.candidates else (DECODE, self.candidates)]
         out = graph(*host, *(getattr(self, n) for n in self.kv_names))
         n = graph.spec.num_heads
         for name, new in zip(self.kv_names, out[n:]):
@@ -88,19 +96,26 @@ class NeuronGraphModel(nn.Module):
         return out[0] if n == 1 else tuple(out[:n])
 
 
+def _phase_inputs(host: list, last_idx, index, slot) -> tuple[list, str]:
+    """decode: no last_idx; prefill: last_idx, ring_idx (`index`), slot; extend: last_idx, slots (`index`)."""
+    if last_idx is None:
+        return host, DECODE
+    if slot is None:
+        return host + [last_idx, index], EXTEND
+    return host + [last_idx, index, slot], PREFILL
+
+
 class NeuronGraphPle(NeuronGraphModel):
     def forward(self, input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding, last_idx=None,
-                ring_idx=None, slot=None):
+                index=None, slot=None):
         host = [input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding]
-        prefill = last_idx is not None
-        return self.step(host + [last_idx, ring_idx, slot] if prefill else host, prefill)
+        return self.step(*_phase_inputs(host, last_idx, index, slot))
 
 
 class NeuronGraphNoPle(NeuronGraphModel):
-    def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, ring_idx=None, slot=None):
+    def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, index=None, slot=None):
         host = [input_ids, position_ids, mask_full, mask_sliding]
-        prefill = last_idx is not None
-        return self.step(host + [last_idx, ring_idx, slot] if prefill else host, prefill)
+        return self.step(*_phase_inputs(host, last_idx, index, slot))
 
 
 def graph_model(hf_lm, dims, max_context, max_batch, dtype, kv_heads=None) -> NeuronGraphModel:

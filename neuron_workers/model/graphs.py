@@ -1,4 +1,5 @@
-"""The static-shape graph modules that compile/ traces: one prefill graph per bucket and two decode graphs.
+"""The static-shape graph modules that compile/ traces: one prefill graph per bucket, two decode graphs and
+the extend graphs (R rows x T new tokens over the slots' cache: `extend_kv.ExtendKV`).
 
 They run transformers' own Gemma-4 decoder layers (no math is rewritten), and own only the plumbing
 around them: embedding, the PLE projection, RoPE tables, the layer loop, the final norm and the tied LM
@@ -6,6 +7,7 @@ head. Their only state is explicit tensors, declared (inputs and outputs) in `sp
 
   prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, slot, *kv
   decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv   (decode, decode_logits)
+  extend:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, slots, *kv
   outputs: prefill and decode_logits: logits [rows, vocab] at the last real position, without the soft-cap;
            decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; then *kv updated
 
@@ -26,7 +28,8 @@ import torch
 from torch import nn
 
 from neuron_workers.model.dims import FULL, SLIDING, ModelDims
-from neuron_workers.model.spec import PREFILL, GraphSpec
+from neuron_workers.model.extend_kv import ExtendKV
+from neuron_workers.model.spec import EXTEND, PREFILL, GraphSpec
 from neuron_workers.model.tiled_topk import sharded_topk, tiled_topk, torch_topk_op
 
 
@@ -107,9 +110,15 @@ class GemmaGraph(nn.Module):
         kv = list(inputs[self.num_fixed:])
         if self.spec.phase == PREFILL:
             cache = PrefillKV(self.dims, kv, x["ring_idx"], x["slot"])
+        elif self.spec.phase == EXTEND:
+            cache = ExtendKV(self.dims, kv, x["position_ids"], x["last_idx"], x["slots"])
         else:
             cache = DecodeKV(self.dims, kv, x["position_ids"])
         hidden = self._decoder(x, cache)
+        if self.spec.per_position:  # [R, T, H] -> every position's candidates [R, T, K]
+            r, t = hidden.shape[:2]
+            values, ids = self._head(hidden.reshape(r * t, 1, -1))
+            return values.reshape(r, t, -1), ids.reshape(r, t, -1), *cache.kv
         return (*self._head(hidden), *cache.kv)
 
     def _head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -137,7 +146,7 @@ class GemmaGraph(nn.Module):
         ple = m.project_per_layer_inputs(h, x["per_layer_inputs"]) if dims.ple_dim else None
         rope = {t: m.rotary_emb(h, position_ids, t) for t in self.layer_types}
         masks = {FULL: x["mask_full"], SLIDING: x["mask_sliding"]}
-        last = x.get("last_idx")
+        last = None if self.spec.per_position else x.get("last_idx")
         shared: dict = {}
         for i, layer in enumerate(m.layers):
             if last is not None and i == dims.first_shared_layer:

@@ -71,11 +71,12 @@ def prefill_inputs(spec: GraphSpec, ids: list[int], ple_table, window: int, slot
 
 class DecodeBatch:
     """The decode graph's host inputs for all B slots, kept between steps and updated in place (no per-step
-    allocation of masks). A slot is live from `start` (after its prefill) to `free`; a free slot decodes a
+    allocation of masks). A sliding row keeps exactly the window (q - W, q] unmasked, also when the ring holds
+    more (RING_SLACK). A slot is live from `start` (after its prefill) to `free`; a free slot decodes a
     pad token at position 0 with every key masked: finite values (finfo.min, never -inf), so it never
     makes a NaN, and its KV write lands in its own slot, which the next prefill into it replaces."""
 
-    def __init__(self, spec: GraphSpec, ple_table):
+    def __init__(self, spec: GraphSpec, ple_table, window: int | None = None):
         self.spec, self.ple = spec, ple_table
         by_name = {t.name: t for t in spec.host_inputs}
         self.id_dtype, dtype = by_name["input_ids"].dtype, by_name["mask_full"].dtype
@@ -85,13 +86,20 @@ class DecodeBatch:
         self.input_ids = torch.zeros(by_name["input_ids"].shape, dtype=self.id_dtype)
         self.position_ids = torch.zeros(by_name["position_ids"].shape, dtype=self.id_dtype)
         self.ring = self.mask_sliding.shape[-1]
+        self.window = min(window or self.ring, self.ring)  # a ring may hold more than the window (RING_SLACK)
         self.names = [t.name for t in spec.host_inputs]
 
     def start(self, slot: int, n: int) -> None:
         """Slot `slot` now holds a sequence whose first n positions are cached (its prefill)."""
         self.free(slot)
         self.mask_full[slot, ..., :n] = 0
-        self.mask_sliding[slot, ..., : min(n, self.ring)] = 0
+        self.mask_sliding[slot, ..., torch.arange(max(0, n - self.window), n) % self.ring] = 0
+
+    def park(self, slot: int, pos: int) -> None:
+        """Slot `slot` is being prefilled in chunks: its decode row (every key masked) writes at `pos`, the
+        next chunk's first position, which that chunk overwrites (its queries never read the old value)."""
+        self.free(slot)
+        self.position_ids[slot] = pos
 
     def free(self, slot: int) -> None:
         self.mask_full[slot] = self.neg
@@ -106,6 +114,9 @@ class DecodeBatch:
         if len(slots) and int(pos.max()) >= self.spec.max_context:
             raise ContextLengthError(f"position {int(pos.max())} is past the compiled context {self.spec.max_context}")
         self.mask_full[slot, 0, 0, pos] = 0
+        gone = pos - self.window  # leaves the window (still in the ring when it holds more than the window)
+        kept = gone >= 0
+        self.mask_sliding[slot[kept], 0, 0, gone[kept] % self.ring] = self.neg
         self.mask_sliding[slot, 0, 0, pos % self.ring] = 0
         self.input_ids[slot, 0] = token.to(self.id_dtype)
         self.position_ids[slot, 0] = pos.to(self.id_dtype)

@@ -11,6 +11,10 @@ candidate_ids [rows, K], *kv)`, best first: K x 6 bytes a row in bf16 instead of
 `decode_logits` (`candidates=0`) the full logits. The engine runs `decode` unless some row of the step
 needs the whole distribution (`engine.sampling.needs_logits`).
 
+Extend (`extend_{R}x{T}`, `_logits`, `_all`): R rows of T new tokens each, attending to what their slots
+hold plus causally within the chunk, writing T positions per row (chunked prefill; speculative verify with
+per-position candidates, `per_position`).
+
 Batching: the KV buffers hold `batch` rows (slots), one per running sequence. The decode graph takes one
 token for every row; a prefill graph takes one prompt (batch 1, padded to its bucket) and writes it into
 the row named by its `slot` input, leaving every other row as it was.
@@ -25,10 +29,10 @@ import torch
 
 from neuron_workers.model.dims import DECODE_CANDIDATES, FULL, SLIDING, ModelDims, decode_candidates
 
-__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "PREFILL", "Candidates", "GraphSpec", "TensorSpec",
+__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "EXTEND", "PREFILL", "Candidates", "GraphSpec", "TensorSpec",
            "decode_candidates", "kv_specs", "make_spec"]
 
-PREFILL, DECODE = "prefill", "decode"
+PREFILL, DECODE, EXTEND = "prefill", "decode", "extend"
 DECODE_LOGITS = "decode_logits"  # the tag of the decode variant that returns the full logits
 KV_PREFIXES = ("k.", "v.")
 
@@ -58,12 +62,17 @@ class GraphSpec:
     max_context: int
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]  # logits (raw, without the soft-cap) or candidates, then the updated KV
-    candidates: int = 0  # decode only: K > 0 is `decode` (top-K candidates), 0 `decode_logits`
+    candidates: int = 0  # decode / extend: K > 0 returns top-K candidates, 0 the full logits
+    rows: int = 0  # extend: rows R of new tokens (each written into the slot its `slots` entry names)
+    per_position: bool = False  # extend: candidates of every position [R, T, K] instead of the last one's
 
     @property
     def tag(self) -> str:
         if self.phase == PREFILL:
             return f"{self.phase}_{self.seq_len}"
+        if self.phase == EXTEND:
+            head = ("_all" if self.per_position else "") if self.candidates else "_logits"
+            return f"extend_{self.rows}x{self.seq_len}{head}"
         return DECODE if self.candidates else DECODE_LOGITS
 
     @property
@@ -100,14 +109,18 @@ def kv_specs(dims: ModelDims, batch: int, max_context: int, dtype: torch.dtype,
 
 def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context: int,
               dtype: torch.dtype = torch.float32, id_dtype: torch.dtype = torch.int64,
-              kv_heads: tuple[int, ...] | None = None, candidates: int = 0) -> GraphSpec:
+              kv_heads: tuple[int, ...] | None = None, candidates: int = 0, rows: int = 0,
+              per_position: bool = False) -> GraphSpec:
     """Inputs of a prefill graph (seq_len = bucket, one prompt into one of `batch` slots) or of the
     decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant)."""
-    if phase not in (PREFILL, DECODE):
+    if phase not in (PREFILL, DECODE, EXTEND):
         raise ValueError(f"unknown phase {phase!r}")
-    if candidates and (phase != DECODE or not 0 < candidates <= dims.vocab_size):
-        raise ValueError(f"candidates={candidates}: only decode has them, at most the vocabulary")
+    if candidates and (phase == PREFILL or not 0 < candidates <= dims.vocab_size):
+        raise ValueError(f"candidates={candidates}: only decode and extend have them, at most the vocabulary")
     ring = dims.ring_size(max_context)
+    if phase == EXTEND:
+        return extend_spec(dims, batch, rows or batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates,
+                           per_position)
     if phase == DECODE:
         rows, s, kv_len = batch, 1, {FULL: max_context, SLIDING: ring}
     else:
@@ -129,3 +142,29 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
     return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates)
 
+
+
+def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int, dtype: torch.dtype,
+                id_dtype: torch.dtype, kv_heads, candidates: int, per_position: bool) -> GraphSpec:
+    """The extend graph: `rows` x T new tokens over what their slots hold (`graphs.ExtendKV`). mask_full
+    covers the full buffer after the write; mask_sliding the ring as it was before the chunk, then the chunk's
+    own T keys. T is at most the ring (a chunk never writes one ring entry twice) and the context."""
+    ring = dims.ring_size(max_context)
+    if not 1 <= t <= min(ring, max_context) or not 1 <= rows <= batch:
+        raise ValueError(f"extend {rows}x{t}: T must be in [1, {min(ring, max_context)}] (the ring), rows <= {batch}")
+    if per_position and not candidates:
+        raise ValueError("per-position extend outputs are candidates")
+    ins = [TensorSpec("input_ids", (rows, t), id_dtype), TensorSpec("position_ids", (rows, t), id_dtype)]
+    if dims.ple_dim:
+        ins.append(TensorSpec("per_layer_inputs", (rows, t, dims.num_layers, dims.ple_dim), dtype))
+    ins += [TensorSpec("mask_full", (rows, 1, t, max_context), dtype),
+            TensorSpec("mask_sliding", (rows, 1, t, ring + t), dtype),
+            TensorSpec("last_idx", (rows,), id_dtype), TensorSpec("slots", (rows,), id_dtype)]
+    kv = kv_specs(dims, batch, max_context, dtype, kv_heads)
+    lead = (rows, t) if per_position else (rows,)
+    if candidates:
+        head = (TensorSpec("candidate_values", (*lead, candidates), dtype),
+                TensorSpec("candidate_ids", (*lead, candidates), id_dtype))
+    else:
+        head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
+    return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position)

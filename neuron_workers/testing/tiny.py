@@ -115,7 +115,17 @@ def ensure_tiny(out_dir: str | Path) -> dict[str, Path]:
     for name in TINY:
         p = out_dir / name
         paths[name] = p if (p / "model.safetensors").is_file() else write_tiny(out_dir, name)
+        refresh_template(p)
     return paths
+
+
+def refresh_template(path: Path) -> None:
+    """Rewrite the tokenizer of a checkpoint written by an earlier version whose chat template differs."""
+    from neuron_workers.testing.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer
+
+    saved = path / "chat_template.jinja"
+    if not saved.is_file() or saved.read_text() != CHAT_TEMPLATE:
+        build_tokenizer().save_pretrained(str(path))
 
 
 def main(argv=None) -> int:

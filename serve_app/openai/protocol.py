@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from serve_app.events import GenerateRequest
 from serve_app.openai import protocol_tools as T
 from serve_app.openai.constraints import ConstraintError
+from serve_app.openai.schema_render import tool_for_template
 
 MAX_STOP = 4
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
@@ -121,13 +122,17 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = STRICT
 
-    role: Literal["system", "user", "assistant", "model", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "model", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[T.ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool results
     name: str | None = None
+    # an assistant turn's reasoning, as we return it (vLLM's `reasoning_content`, or `reasoning`): the template
+    # replays it where the model expects its earlier thoughts (after the last user turn)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
-    @field_validator("content", "tool_call_id", "name")
+    @field_validator("content", "tool_call_id", "name", "reasoning_content", "reasoning")
     @classmethod
     def _utf8(cls, v):
         return utf8(v)
@@ -156,7 +161,7 @@ class ChatRequest(SamplingFields):
     chat_template_kwargs: T.TemplateKwargs | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    _grammar: tuple = PrivateAttr((None, None))
+    _grammar: tuple = PrivateAttr((None, None, None))
     _messages: tuple = PrivateAttr(())
 
     @model_validator(mode="after")
@@ -167,7 +172,7 @@ class ChatRequest(SamplingFields):
             raise ConstraintError("top_logprobs", "top_logprobs needs logprobs: true")
         choice = self.tool_choice or ("auto" if self.tools else "none")
         self._grammar = T.grammar_for(self.tools, choice, self.parallel_tool_calls, self.response_format,
-                                      self.thinking)
+                                      self.thinking, self.max_completion_tokens or self.max_tokens)
         self._messages = T.history(self.messages)
         return self
 
@@ -181,16 +186,18 @@ class ChatRequest(SamplingFields):
         return [] if self.tool_choice == "none" else T.tool_names(self.tools)
 
     def payload(self) -> GenerateRequest:
-        grammar, param = self._grammar
+        grammar, in_thought, param = self._grammar
         kwargs = {"enable_thinking": True} if self.thinking else {}
         return GenerateRequest("chat", messages=self._messages,
                                max_tokens=self.max_completion_tokens or self.max_tokens,
                                stop=tuple(self.stop or ()), sampling=tuple(self.sampling().items()),
                                ignore_eos=self.ignore_eos, stream=self.stream,
-                               tools=tuple(t.model_dump(exclude_none=True) for t in self.tools or ()),
-                               template_kwargs=tuple(kwargs.items()), grammar=grammar, grammar_param=param,
+                               tools=tuple(tool_for_template(t.model_dump(exclude_none=True))
+                                           for t in self.tools or ()),
+                               template_kwargs=tuple(kwargs.items()), grammar=grammar, grammar_in_thought=in_thought,
+                               grammar_param=param,
                                logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-                               keep_special=bool(self.tools) or self.thinking)
+                               keep_special=True)  # the router's parsers read the control tokens
 
 
 class CompletionRequest(SamplingFields):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from serve_app.openai.constraints import ConstraintError, json_grammar, tool_grammar
+from serve_app.openai.constraints import ConstraintError, json_grammar, thought_budget, tool_grammar
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -171,35 +171,45 @@ def check_tools(tools: list[Tool] | None, choice) -> None:
         raise ConstraintError("tool_choice", "tool_choice `required` needs tools")
 
 
-def grammar_for(tools, choice, parallel: bool, response_format: ResponseFormat | None,
-                thinking: bool) -> tuple[str | None, str | None]:
-    """(grammar, the param it comes from) for what the request forces, or (None, None)."""
+def grammar_for(tools, choice, parallel: bool, response_format: ResponseFormat | None, thinking: bool,
+                max_tokens: int | None = None) -> tuple[str | None, str | None, str | None]:
+    """(grammar, its variant for a prompt that ends inside a thought channel, the param they come from) for what
+    the request forces, or (None, None, None). With thinking, the grammar allows a thought channel before the
+    call or the JSON, and the variant finishes the channel the prompt opened; both bound the thought
+    (`constraints.thought_budget`). The replica picks one from what the template rendered."""
     check_tools(tools, choice)
     forced = choice == "required" or isinstance(choice, NamedToolChoice)
     fmt = response_format.type if response_format else "text"
     if forced and fmt != "text":
         raise ConstraintError("response_format", "response_format cannot be combined with a forced tool_choice")
+    budget = thought_budget(max_tokens)
+    modes = ("optional", "open") if thinking else ("off",)
     if forced:
         names = [choice.function.name] if isinstance(choice, NamedToolChoice) else tool_names(tools)
         dumped = [t.model_dump() for t in tools]
         try:
-            return tool_grammar(dumped, names, parallel=parallel and choice == "required", thinking=thinking), "tools"
+            made = [tool_grammar(dumped, names, parallel and choice == "required", thought=m, budget=budget)
+                    for m in modes]
         except RecursionError:  # e.g. an object with thousands of optional properties
             raise ConstraintError("tools", "a tool's parameters are too large to constrain a call to") from None
-    if fmt == "json_object":
-        return json_grammar({"type": "object"}), "response_format"
+        return made[0], (made[1] if thinking else None), "tools"
+    if fmt == "text":
+        return None, None, None
     if fmt == "json_schema":
         if response_format.json_schema is None:
             raise ConstraintError("response_format", "response_format json_schema needs `json_schema`")
         schema = response_format.json_schema.schema_
         check_schema(schema, "response_format")
-        return json_grammar(schema), "response_format"
-    return None, None
+    else:
+        schema = {"type": "object"}
+    made = [json_grammar(schema, "response_format", m, budget) for m in modes]
+    return made[0], (made[1] if thinking else None), "response_format"
 
 
 def history(messages) -> tuple[dict, ...]:
-    """Chat messages for the template: tool-call arguments as objects, tool results with their tool's name."""
-    out, names = [], {}
+    """Chat messages for the template: tool-call arguments as objects, tool results with their call's id (and
+    name when the client gave one), an assistant turn's reasoning."""
+    out = []
     for m in messages:
         role = "assistant" if m.role == "model" else m.role
         msg = {"role": role, "content": m.text() if m.content is not None else None}
@@ -216,12 +226,14 @@ def history(messages) -> tuple[dict, ...]:
                     text_only(args)  # JSON escapes such as "\\ud800" decode to lone surrogates
                 except ValueError as e:
                     raise ConstraintError("messages", f"tool call {c.id}: arguments {e}") from None
-                names[c.id] = c.function.name
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name,
                                                                            "arguments": args}})
             msg["tool_calls"] = calls
-        if role == "tool":
+        if role == "tool":  # the template names the result from its call's id, else `name`, else "unknown"
             msg["tool_call_id"] = m.tool_call_id
-            msg["name"] = names.get(m.tool_call_id) or m.name or m.tool_call_id
+            if m.name:
+                msg["name"] = m.name
+        if role == "assistant" and (m.reasoning_content or m.reasoning):
+            msg["reasoning_content"] = m.reasoning_content or m.reasoning
         out.append(msg)
     return tuple(out)

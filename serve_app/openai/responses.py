@@ -1,6 +1,6 @@
 """OpenAI response bodies for one request, from the replica's events: the chat message (through
-`chat_output.ChatOutput` when the request has tools or thinking: tool_calls, reasoning_content, control
-tokens removed), logprobs in OpenAI's chat and completions shapes, streamed or not. Pure Python."""
+`chat_output.ChatOutput`: tool_calls, reasoning_content with thinking on, any thought channel removed with it
+off, control tokens removed), logprobs in OpenAI's chat and completions shapes, streamed or not. Pure Python."""
 
 from __future__ import annotations
 
@@ -36,11 +36,19 @@ class Output:
     """Builds one request's bodies: `start`, `delta`, `finish` chunks for a stream, or `result`."""
 
     def __init__(self, body, rid: str, chat: bool):
-        self.rid, self.model, self.chat = rid, body.model, chat
+        self.rid, self.model, self.chat, self.body = rid, body.model, chat, body
         self.want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
-        parse = chat and (body.tools or body.thinking)
-        self.parser = ChatOutput(body.parsed_tools, body.thinking, body.parallel_tool_calls) if parse else None
+        self.parse = chat  # every chat: tool calls, thought channels (a stray one too) and control tokens
+        self.parser: ChatOutput | None = None
         self.logprobs = chat_logprobs if chat else CompletionLogprobs()
+
+    def open(self, first) -> None:
+        """Read the request's first event (`Started`, `Delta` or `Finished`): the output parser starts inside
+        a thought channel when the rendered prompt ended inside one."""
+        if self.parse and self.parser is None:
+            b = self.body
+            self.parser = ChatOutput(b.parsed_tools, b.thinking, b.parallel_tool_calls,
+                                     in_thought=getattr(first, "in_thought", False))
 
     def _chunk(self, delta: dict | str, finish, logprobs=None) -> dict:
         if self.chat:
@@ -55,6 +63,7 @@ class Output:
         return [self._chunk({"role": "assistant", "content": ""}, None)] if self.chat else []
 
     def delta(self, ev: Delta) -> list[dict]:
+        self.open(ev)
         lp = self.logprobs(ev.logprobs) if self.want_logprobs and ev.logprobs else None
         if not self.chat:
             return [self._chunk(ev.text, None, lp)] if ev.text or lp else []
@@ -64,6 +73,7 @@ class Output:
         return [self._chunk(d, None, lp if i == 0 else None) for i, d in enumerate(deltas)]
 
     def finish(self, ev: Finished) -> list[dict]:
+        self.open(ev)
         if not self.chat:
             return [self._chunk("", ev.finish_reason)]
         out = [self._chunk(d, None) for d in self.parser.flush()] if self.parser else []
@@ -71,6 +81,7 @@ class Output:
         return out + [self._chunk({}, reason)]
 
     def result(self, ev: Finished) -> dict:
+        self.open(ev)
         lp = self.logprobs(ev.logprobs) if self.want_logprobs else None
         if not self.chat:
             body = P.completion_response(self.rid, self.model, ev.text, ev.finish_reason, ev.prompt_tokens,

@@ -56,6 +56,11 @@ async def _reply(send, r: dict) -> None:
     await send({"type": "http.response.body", "body": r["body"]})
 
 
+def protected(path: str) -> bool:
+    """The paths behind the API key: the OpenAI API and the tokenizer endpoints (health and metrics stay open)."""
+    return "/v1/" in path or path.endswith(("/tokenize", "/detokenize"))
+
+
 def authorized(headers: dict[bytes, bytes]) -> bool:
     if not SETTINGS.key_digests:
         return True
@@ -81,7 +86,7 @@ class Gate:
             return await _reply(send, _envelope(431, f"the request head is larger than this server's limit of "
                                                 f"{SETTINGS.max_header_bytes} bytes", "request_header_too_large"))
         headers = dict(raw)
-        if "/v1/" in scope.get("path", "") and not authorized(headers):
+        if protected(scope.get("path", "")) and not authorized(headers):
             return await _reply(send, _envelope(401, "Incorrect or missing API key: send `Authorization: Bearer "
                                                 "<key>`.", "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
         limit = SETTINGS.max_request_bytes

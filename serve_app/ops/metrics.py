@@ -4,8 +4,8 @@ Names follow vLLM's: time to first token, inter-token latency, queue time, token
 running / waiting sequences and the batch occupancy of each decode step.
 
 `prometheus_text` is what the router's `GET /metrics` serves: every alive node's metrics agent, scraped in
-threads, kept to the serving series unless all are asked for (an idle cluster's agents export about 1 MB
-of Ray's own series, 3,000 lines, that a dashboard of this server does not need)."""
+threads, kept to the serving series unless all are asked for (`serving_only`: an idle cluster's agents export
+about 1 MB, 3,000 lines, mostly Ray's own series and Serve's per-replica histograms)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,6 @@ class RequestTimer:
             self.m.generation_tokens.inc(len(ats))
 
 
-SERVING = ("ray_gemma4_", "ray_serve_")  # the families `GET /metrics` keeps by default
-
-
 def _scrape(host: str, port: int) -> str:
     import urllib.request
 
@@ -99,12 +96,27 @@ def _scrape(host: str, port: int) -> str:
 
 
 def serving_only(text: str) -> str:
-    """The lines of `text` that belong to a serving family (samples, HELP and TYPE) or report a scrape."""
+    """The serving series of `text`: every `ray_gemma4_*` family, Serve's `ray_serve_*` counters and gauges (its
+    histograms, per replica and route, are most of the bytes), and the scrape reports."""
+    lines, hist = text.splitlines(), set()
+    for line in lines:
+        if line.startswith("# TYPE ") and line.endswith(" histogram"):
+            hist.add(line.split(" ")[2])
+
+    def family(name: str) -> str:
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix) and name[: -len(suffix)] in hist:
+                return name[: -len(suffix)]
+        return name
+
     def keep(line: str) -> bool:
-        if line.startswith(("# HELP ", "# TYPE ")):
-            return line.split(" ", 3)[2].startswith(SERVING)
-        return line.startswith(SERVING) or line.startswith("# metrics agent")
-    return "".join(line + "\n" for line in text.splitlines() if keep(line))
+        if line.startswith("# metrics agent"):
+            return True
+        name = line.split(" ", 3)[2] if line.startswith(("# HELP ", "# TYPE ")) else line.split("{")[0].split(" ")[0]
+        name = family(name)
+        return name.startswith("ray_gemma4_") or name.startswith("ray_serve_") and name not in hist
+
+    return "".join(line + "\n" for line in lines if keep(line))
 
 
 async def prometheus_text(everything: bool = False) -> str:

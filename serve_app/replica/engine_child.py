@@ -10,7 +10,8 @@ Ray runs in this process, so the engine thread shares its interpreter lock with 
 
 Messages to the replica (pickled over the pipe):
 - ("ready", info) once the engine is built, or ("error", message, code, param, user) if it cannot be;
-- ("prepared", rid, prompt_tokens) or ("refused", rid, Failed) per request;
+- ("prepared", rid, prompt_tokens, in_thought) or ("refused", rid, Failed) per request;
+- ("reply", rid, dict) or ("refused", rid, Failed) for a ("call", rid, (name, args)) (tokenize, detokenize);
 - ("step", [(rid, event, logprob_entry, admitted_at, at), ...], StepStats, steps, decoded) after a step
   that made a request's message due or left the engine idle, after a step at least every STATS_PERIOD_S
   while it runs, and when cancels leave it idle; `at` is when the event was made, `steps` the steps so
@@ -148,6 +149,8 @@ class EngineChild:
                 op, *args = self.conn.recv()
                 if op == "add":
                     self._add(*args)
+                elif op == "call":
+                    self._call(*args)
                 elif op == "cancel":
                     self._cancel(*args)
                 elif op == "close":
@@ -164,7 +167,7 @@ class EngineChild:
 
     def _add(self, rid: int, req: GenerateRequest) -> None:
         try:
-            seq = prepare.new_sequence(self.engine, req)
+            seq, in_thought = prepare.new_sequence(self.engine, req)
         except UserError as e:
             self.send(("refused", rid, Failed(400, str(e), e.code, e.param)))
             return
@@ -176,8 +179,21 @@ class EngineChild:
         self.rids[rid] = seq.seq_id
         self.seqs[seq.seq_id] = (rid, seq)
         self.pacer.add(rid, req.stream)
-        self.send(("prepared", rid, len(seq.prompt_ids)))
+        self.send(("prepared", rid, len(seq.prompt_ids), in_thought))
         self.loop.submit(seq, self._sink)
+
+    def _call(self, rid: int, call: tuple) -> None:
+        """Tokenizer work for the replica (`prepare.tokenize` / `detokenize`), answered at once."""
+        name, args = call
+        try:
+            self.send(("reply", rid, {"tokenize": prepare.tokenize, "detokenize": prepare.detokenize}[name](
+                self.engine, *args)))
+        except UserError as e:
+            self.send(("refused", rid, Failed(400, str(e), e.code, e.param)))
+        except Exception as e:  # ours: this call fails in shape, the process carries on
+            log.exception("%s for request %d failed", name, rid)
+            self.send(("refused", rid, Failed(500, f"internal error: {type(e).__name__}", "internal_error",
+                                              type="server_error")))
 
     def _cancel(self, rid: int) -> None:
         seq_id = self.rids.pop(rid, None)

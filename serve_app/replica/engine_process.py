@@ -43,6 +43,7 @@ class Prepared:
     """The request is tokenized and queued in the engine."""
 
     prompt_tokens: int
+    in_thought: bool = False  # the rendered prompt ends inside a thought channel
     final: bool = False
 
 
@@ -51,6 +52,14 @@ class Refused:
     """The engine process refused the request before it ran (a 400, or an error preparing it)."""
 
     failed: Failed
+    final: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to tokenizer work (`submit(..., op="call")`)."""
+
+    result: dict
     final: bool = True
 
 
@@ -118,9 +127,10 @@ class EngineProcess:
         # not be reaped yet (poll() None) and the reader thread is still finishing its sweep.
         return not self.dead and self.proc.poll() is None and self.reader.is_alive()
 
-    def submit(self, req: GenerateRequest, sink: Callable) -> int:
+    def submit(self, req: GenerateRequest | tuple, sink: Callable, op: str = "add") -> int:
         """Send a request to the engine; its events (`Refused`, or `Prepared` then `Token`s) go to
-        `sink`, which is called on the reader thread (so it only hands off). Returns the id `cancel` takes."""
+        `sink`, which is called on the reader thread (so it only hands off). Returns the id `cancel` takes.
+        With op "call", `req` is (name, args) of tokenizer work and `sink` gets one `Reply` or `Refused`."""
         rid = next(self._ids)
         with self._lock:
             if not self.dead:
@@ -128,7 +138,7 @@ class EngineProcess:
         if self.dead:  # the engine process is gone: the request fails at once
             sink(Token(ErrorEvent(-1, "the engine process stopped"), None, None))
         else:
-            self._send(("add", rid, req))
+            self._send((op, rid, req))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -174,7 +184,9 @@ class EngineProcess:
             if self.on_step is not None:
                 self.on_step(stats, decoded)
         elif op == "prepared":
-            self._deliver(msg[1], Prepared(msg[2]))
+            self._deliver(msg[1], Prepared(msg[2], msg[3]))
+        elif op == "reply":
+            self._deliver(msg[1], Reply(msg[2]))
         elif op == "refused":
             self._deliver(msg[1], Refused(msg[2]))
 

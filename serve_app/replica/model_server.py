@@ -29,7 +29,7 @@ from serve_app.config import ModelSpec
 from serve_app.events import HEADERS_WITHIN_S, Delta, Failed, Finished, GenerateRequest, Started
 from serve_app.ops.metrics import ServerMetrics
 from serve_app.ops.nodes import build_engine_here
-from serve_app.replica.engine_process import EngineProcess, Prepared, Refused, Token
+from serve_app.replica.engine_process import EngineProcess, Prepared, Refused, Reply, Token
 from serve_app.replica.handoff import Handoff, Inbox
 
 log = logging.getLogger("ray.serve")
@@ -58,6 +58,11 @@ def check_visible_cores(spec: ModelSpec, env: dict | None = None) -> list[int]:
             f"{value!r}: deploy it with ray_actor_options resources {{'neuron_cores': {spec.tp}}} on a Ray "
             f"cluster started on an inf2 instance")
     return cores
+
+
+def _resolve(fut: asyncio.Future, item) -> None:
+    if not fut.done():
+        fut.set_result(item)
 
 
 def _settle(fut: asyncio.Future) -> None:
@@ -120,16 +125,28 @@ class ModelServer:
                     return ev
         raise RuntimeError("the request ended without a result")
 
+    async def call(self, name: str, args: tuple) -> dict | Failed:
+        """Tokenizer work on the engine process (`tokenize`, `detokenize`): its answer, or Failed."""
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        self.engine.submit((name, args), lambda item: loop.call_soon_threadsafe(_resolve, answer, item), op="call")
+        item = await answer
+        if isinstance(item, Reply):
+            return item.result
+        if isinstance(item, Refused):
+            return item.failed
+        return Failed(503, "the engine process stopped", "replica_unavailable", type="server_error")
+
     async def _run(self, req: GenerateRequest, timer):
         handoff = self._handoff()
-        inbox, prompt, answered = Inbox(handoff), [0], asyncio.get_running_loop().create_future()
+        inbox, prompt, answered = Inbox(handoff), [0, False], asyncio.get_running_loop().create_future()
         stream = req.stream
 
         def sink(item) -> None:  # the reader thread: a prompt length is noted, the rest handed off
             if not answered.done():  # the engine's first word on it: prepared, refused, or failed
                 handoff.call(_settle, answered)
             if isinstance(item, Prepared):
-                prompt[0] = item.prompt_tokens
+                prompt[0], prompt[1] = item.prompt_tokens, item.in_thought
                 timer.prompt(item.prompt_tokens)
             else:
                 inbox.push(item.at if isinstance(item, Token) and item.at else time.perf_counter(), item)
@@ -141,7 +158,7 @@ class ModelServer:
                 await answered
             batch = await self._first(inbox) if stream else None
             if stream and batch is None:
-                yield Started(prompt[0])
+                yield Started(prompt[0], prompt[1])
             while True:
                 # a stream wakes for each message of the engine process, a non-streaming request for its last
                 if batch is None:
@@ -164,10 +181,10 @@ class ModelServer:
                 final, batch = batch[-1][1], None
                 if final.final:  # the tail rides on Finished: one message, not two
                     done = True
-                    yield Finished(final.event.finish_reason, prompt[0], n, "".join(text), tuple(lps))
+                    yield Finished(final.event.finish_reason, prompt[0], n, "".join(text), tuple(lps), prompt[1])
                     return
                 if stream and ids:
-                    yield Delta("".join(text), tuple(ids), tuple(lps))
+                    yield Delta("".join(text), tuple(ids), tuple(lps), prompt[1])
                     text, ids, lps = [], [], []
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
             if not done:

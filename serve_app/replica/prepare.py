@@ -9,26 +9,56 @@ from __future__ import annotations
 import weakref
 
 from neuron_workers.engine.params import SamplingParams
-from neuron_workers.errors import ContextLengthError
+from neuron_workers.errors import ContextLengthError, UserError
 from serve_app.events import GenerateRequest
+from serve_app.replica.render import ends_in_thought, render
 
 _TEXTS: "weakref.WeakKeyDictionary[object, dict[int, str]]" = weakref.WeakKeyDictionary()
 
 
-def new_sequence(engine, req: GenerateRequest):
-    """Tokenize and validate; a sequence ready for `engine.add` (a UserError names the request field)."""
+def prompt_ids(engine, req: GenerateRequest, add_generation_prompt: bool = True,
+               add_special_tokens: bool = True) -> tuple[list[int], bool]:
+    """(the prompt's ids, whether it ends inside a thought channel), as the engine sees them."""
     if req.kind == "chat":
         check_text_length(engine, sum(len(m.get("content") or "") for m in req.messages), "messages")
-        ids = chat_ids(engine, req)
-    elif isinstance(req.prompt, str):
+        text = render(engine, list(req.messages), list(req.tools) or None,
+                      add_generation_prompt=add_generation_prompt, **dict(req.template_kwargs))
+        return engine.encode_rendered(text), ends_in_thought(text)
+    if isinstance(req.prompt, str):
         check_text_length(engine, len(req.prompt), "prompt")
-        ids = engine.encode(req.prompt)
-    else:
-        ids = list(req.prompt)
+        if not add_special_tokens:
+            return engine.encode_rendered(req.prompt), False
+        return engine.encode(req.prompt), False
+    return list(req.prompt), False
+
+
+def tokenize(engine, req: GenerateRequest, add_generation_prompt: bool, add_special_tokens: bool,
+             return_strs: bool) -> dict:
+    """`POST /tokenize`'s answer (the router adds `max_model_len`)."""
+    ids, _ = prompt_ids(engine, req, add_generation_prompt, add_special_tokens)
+    out = {"count": len(ids), "tokens": ids}
+    if return_strs and engine.tokenizer is not None:
+        out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)
+    return out
+
+
+def detokenize(engine, ids: list[int]) -> dict:
+    bad = [t for t in ids if not 0 <= t < engine.dims.vocab_size]
+    if bad:
+        raise UserError(f"token ids must be in [0, {engine.dims.vocab_size}); got {bad[:3]}", param="tokens")
+    if engine.tokenizer is None:
+        raise UserError("this model has no tokenizer", param="model")
+    return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
+
+
+def new_sequence(engine, req: GenerateRequest):
+    """Tokenize and validate: (a sequence ready for `engine.add`, whether its prompt ends inside a thought
+    channel). A UserError names the request field."""
+    ids, in_thought = prompt_ids(engine, req)
     max_tokens = req.max_tokens or max(engine.max_context - len(ids), 1)
     sampling = {**engine.sampling_defaults, **dict(req.sampling)}
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
-    return engine.new_sequence(ids, params, list(req.stop), **sequence_options(engine, req))
+    return engine.new_sequence(ids, params, list(req.stop), **sequence_options(engine, req, in_thought)), in_thought
 
 
 def check_text_length(engine, chars: int, param: str) -> None:
@@ -40,15 +70,13 @@ def check_text_length(engine, chars: int, param: str) -> None:
                                  f"{chars} characters, at least {at_least} tokens", param=param)
 
 
-def chat_ids(engine, req: GenerateRequest) -> list[int]:
-    return engine.encode_chat(list(req.messages), tools=list(req.tools) or None, **dict(req.template_kwargs))
-
-
-def sequence_options(engine, req: GenerateRequest) -> dict:
-    """Keyword arguments of `Engine.new_sequence` for this request."""
+def sequence_options(engine, req: GenerateRequest, in_thought: bool = False) -> dict:
+    """Keyword arguments of `Engine.new_sequence` for this request (a prompt that ends inside a thought channel
+    takes the grammar's variant that closes it first)."""
     opts: dict = {}
-    if req.grammar is not None:
-        opts["grammar"] = engine.grammars.compile(req.grammar, req.grammar_param or "response_format")
+    grammar = req.grammar_in_thought if in_thought and req.grammar_in_thought else req.grammar
+    if grammar is not None:
+        opts["grammar"] = engine.grammars.compile(grammar, req.grammar_param or "response_format")
     if req.logprobs is not None:
         opts["logprobs"] = req.logprobs
     if req.keep_special:

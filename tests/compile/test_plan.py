@@ -32,9 +32,10 @@ class TestPlanOnRealConfigs:
 
         e2b = make_plan_report(real_config("E2B"), 1, 1, 4096, "inf2.xlarge")
         assert e2b.ple_host == 262144 * 35 * 256 * 2
-        assert e2b.kv_per_core == 3 * 2 * 1 * 4096 * 512 * 2 + 12 * 2 * 1 * 512 * 256 * 2
+        # sliding rings: the window plus RING_SLACK (64) positions
+        assert e2b.kv_per_core == 3 * 2 * 1 * 4096 * 512 * 2 + 12 * 2 * 1 * (512 + 64) * 256 * 2
         b12 = make_plan_report(real_config("12B"), 2, 1, 4096, "inf2.24xlarge")
-        assert b12.kv_per_core == 8 * 2 * 1 * 4096 * 512 * 2 + 40 * 2 * 4 * 1024 * 256 * 2
+        assert b12.kv_per_core == 8 * 2 * 1 * 4096 * 512 * 2 + 40 * 2 * 4 * (1024 + 64) * 256 * 2
 
     @pytest.mark.parametrize("size,tp,instance", [("E2B", 1, "inf2.xlarge"), ("E4B", 2, "inf2.8xlarge"),
                                                   ("12B", 2, "inf2.24xlarge")])

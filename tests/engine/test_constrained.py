@@ -17,7 +17,7 @@ from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import UserError
 from neuron_workers.factory import build_engine
 from serve_app.openai.chat_output import ChatOutput
-from serve_app.openai.constraints import json_grammar, tool_grammar
+from serve_app.openai.constraints import json_grammar, thought_budget, tool_grammar
 
 from conftest import hf_reference
 from doubles.biased_backend import BiasedBackend
@@ -35,7 +35,7 @@ WEATHER = {"type": "object", "properties": {
               "required": ["lat"], "additionalProperties": False}},
     "required": ["city", "unit", "days"], "additionalProperties": False}
 CODE = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{2,4}$"}},
-        "required": ["code"], "additionalProperties": False}  # `pattern`: a JSON-bodied call
+        "required": ["code"], "additionalProperties": False}  # `pattern`: a regex in the native grammar
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "lookup", "parameters": CODE}},
          {"type": "function", "function": {"name": "ping"}}]
@@ -69,7 +69,7 @@ def params(i, n=120):
                                                       (["get_weather"], False, True)])
 def test_forced_tool_calls_parse_and_validate(eng, names, parallel, thinking):
     ids = eng.encode_chat(MSGS, tools=TOOLS, enable_thinking=thinking)
-    g = tool_grammar(TOOLS, names, parallel=parallel, thinking=thinking)
+    g = tool_grammar(TOOLS, names, parallel=parallel, thinking=thinking, budget=thought_budget(200))
     seqs = [eng.new_sequence(ids, params(i, 200), grammar=eng.grammars.compile(g, "tools"), skip_special_tokens=False)
             for i in range(4)]
     ended = 0
@@ -79,8 +79,8 @@ def test_forced_tool_calls_parse_and_validate(eng, names, parallel, thinking):
         out.feed(text(events))
         out.flush()
         msg, finish = out.message(), out.finish_reason(events[-1].finish_reason)
-        if events[-1].finish_reason == "length":  # a random model may think (or list calls) until max_tokens
-            assert thinking or parallel
+        if events[-1].finish_reason == "length":  # a random model may list calls until max_tokens
+            assert parallel  # a thought is bounded to a quarter of max_tokens: the call has the rest
             continue
         ended += 1
         assert finish == "tool_calls" and msg["content"] is None and msg["tool_calls"]
@@ -217,3 +217,30 @@ def test_a_grammar_past_the_parser_limits_fails_its_row_as_the_requests_error(en
     err = res[1][-1]
     assert isinstance(err, ErrorEvent) and err.param == "tools"
     assert "max is 10000" in err.message and "\n" not in err.message and "<state>" not in err.message
+
+
+def test_a_thinking_tool_loop_continues_inside_the_thought_and_a_forced_call_closes_it(eng):
+    """Under the 07-09 template the prompt after a tool response ends inside `<|channel>thought\\n`: the
+    grammar's "open" variant finishes that thought (bounded) and then forces the call, and the output parser,
+    started inside the channel, returns the thought as reasoning and the call as a tool call."""
+    from serve_app.replica.render import ends_in_thought, render
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                       "arguments": {"city": "Paris", "unit": "celsius", "days": 1}}}
+    msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "18C"}]
+    prompt = render(eng, msgs, TOOLS, enable_thinking=True)
+    assert ends_in_thought(prompt)
+    g = tool_grammar(TOOLS, ["get_weather"], parallel=False, thought="open", budget=thought_budget(200))
+    seqs = [eng.new_sequence(eng.encode_rendered(prompt), params(i, 200), grammar=eng.grammars.compile(g, "tools"),
+                             skip_special_tokens=False) for i in range(4)]
+    for events in run(eng, seqs):
+        assert events[-1].finish_reason == "stop" and "<channel|>" in text(events)
+        out = ChatOutput(["get_weather"], True, False, in_thought=True)
+        out.feed(text(events))
+        out.flush()
+        msg = out.message()
+        assert out.finish_reason("stop") == "tool_calls" and msg["content"] is None and len(msg["tool_calls"]) == 1
+        jsonschema.validate(json.loads(msg["tool_calls"][0]["function"]["arguments"]), SCHEMAS["get_weather"])
+        thought = msg.get("reasoning_content") or ""
+        assert "<|" not in thought and "channel|>" not in thought

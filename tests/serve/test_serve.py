@@ -50,6 +50,18 @@ def reference_text(engine, ids, n):
     return reference(engine, ids, n)[0]
 
 
+def reference_chat(engine, ids, n):
+    """(content, finish_reason, tokens) of a greedy chat in-process: the text with its control tokens, through
+    the router's output parser (with thinking off a thought channel the model opens is not content)."""
+    from serve_app.openai.chat_output import ChatOutput
+
+    events = list(engine.run_all([engine.new_sequence(ids, SamplingParams(max_tokens=n), skip_special_tokens=False)]))
+    out = ChatOutput([], False)
+    out.feed("".join(e.text for e in events))
+    out.flush()
+    return out.message()["content"], events[-1].finish_reason, len(events)
+
+
 def client(url):
     from openai import OpenAI
 
@@ -73,7 +85,7 @@ def test_openai_client_chat_and_completions(tiny_app, engines):
     assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     for name, eng in engines.items():
-        want, finish, n = reference(eng, eng.encode_chat(msgs), 20)
+        want, finish, n = reference_chat(eng, eng.encode_chat(msgs), 20)
         r = c.chat.completions.create(model=name, messages=msgs, max_tokens=20, temperature=0)
         assert r.choices[0].message.content == want and r.choices[0].finish_reason == finish
         assert r.usage.prompt_tokens == len(eng.encode_chat(msgs)) and r.usage.completion_tokens == n

@@ -198,3 +198,33 @@ def test_a_600_property_schema_is_served_and_5000_is_a_400_naming_the_field(app,
                                                       "tool_choice": "required"})
         err = r.json()["error"]
         assert r.status_code == 400 and err["param"] == "tools" and len(err["message"]) < 200
+
+
+def test_tokenize_renders_what_the_engine_sees_and_detokenize_inverts_it(app, tiny_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["gemma4-e2b-tiny"]))
+    base = app.removesuffix("/v1")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {"type": "string"}}}}}
+    chat = {"model": "e2b", "messages": MSGS, "tools": [tool], "chat_template_kwargs": {"enable_thinking": True},
+            "return_token_strs": True}
+    with httpx.Client(timeout=60) as h:
+        r = h.post(f"{base}/tokenize", json=chat).json()
+        fixed = [{**tool, "function": {**tool["function"], "parameters": {"type": "object", **tool["function"][
+            "parameters"]}}}]  # the schema as rewritten for the template (a missing "type")
+        text = tok.apply_chat_template(MSGS, tools=fixed, enable_thinking=True, tokenize=False,
+                                       add_generation_prompt=True)
+        assert r["tokens"] == tok(text, add_special_tokens=False)["input_ids"]
+        assert r["count"] == len(r["tokens"]) and r["max_model_len"] == CTX
+        assert r["token_strs"] == tok.convert_ids_to_tokens(r["tokens"])
+        plain = h.post(f"{base}/tokenize", json={"model": "e2b", "prompt": "Hello world"}).json()
+        assert plain["tokens"] == tok("Hello world")["input_ids"] and "token_strs" not in plain
+        back = h.post(f"{base}/detokenize", json={"model": "e2b", "tokens": r["tokens"]}).json()
+        assert back == {"prompt": text}
+        bad = [({"model": "e2b", "prompt": "x", "messages": MSGS}, "prompt", 400), ({"model": "e2b"}, "prompt", 400),
+               ({"model": "nope", "prompt": "x"}, "model", 404)]
+        for body, param, status in bad:
+            r = h.post(f"{base}/tokenize", json=body)
+            assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+        r = h.post(f"{base}/detokenize", json={"model": "e2b", "tokens": [1, 10**9]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"

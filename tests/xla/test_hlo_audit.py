@@ -4,7 +4,8 @@ three tiny structures at batch 3 (bf16, as a neuron build):
   neuronx-cc narrows int64 to int32);
 - constants small: no weight baked in (every weight and KV buffer is a parameter), far from protobuf's 2 GB;
 - decode writes one position per row into every KV buffer (a scatter of B x H x D elements) and never selects
-  over a whole KV buffer; prefill writes one row (a scatter of one slot);
+  over a whole KV buffer; prefill writes one row (a scatter of one slot); an extend graph writes its R rows'
+  T positions (a scatter of R x H x T x D elements into the buffer's [B*H*N, D] view);
 - the tied embedding is one parameter, not two copies;
 - `python -m compile hlo` writes each graph's text and the audit (the op inventory) for the first inf2 run.
 """
@@ -35,7 +36,7 @@ MAX_CONSTANT_ELEMENTS = 4096  # the whole graph's literals; a baked weight or ar
 @pytest.fixture(scope="module", params=NAMES)
 def graphs(request, tiny_dirs):
     eng = build_engine(EngineConfig(model=str(tiny_dirs[request.param]), backend="xla", max_context=CTX,
-                                    prefill_buckets=BUCKETS, max_batch=BATCH, dtype="bfloat16"))
+                                    prefill_buckets=BUCKETS, max_batch=BATCH, dtype="bfloat16", prefill_chunk=16))
     yield eng.backend, graph_hlos(eng.backend)
     eng.close()
 
@@ -43,22 +44,30 @@ def graphs(request, tiny_dirs):
 def test_every_graph_passes_the_audit(graphs):
     backend, hlos = graphs
     shapes = kv_shapes(backend)
-    assert list(hlos) == ["prefill_16", "prefill_32", "decode_logits", "decode"]
+    t = backend.extend_buckets[0]  # chunked prefill's chunk (16: the tiny ring, window 8 + slack 8)
+    extend = [f"extend_1x{t}", f"extend_1x{t}_logits", f"extend_{BATCH}x8_all"]  # chunks; the verify shape
+    assert list(hlos) == ["prefill_16", "prefill_32", "decode_logits", "decode", *extend]
+    vocab, k = backend.dims.vocab_size, backend.candidates
+    tile = tile_width(vocab, k)
+    # rows whose top-K the graph takes: torch.topk's int64 indices of their tiles (2 tiles of K at the tiny
+    # width, cast to int32 at once; a Neuron build takes torch-neuronx's TopK op)
+    topk_rows = {"decode": BATCH, extend[0]: 1, extend[2]: BATCH * 8}
     for tag, text in hlos.items():
         a = audit(text, shapes)
-        # prefill: the one-element slot index; the top-K `decode` graph: torch.topk's indices of its tiles
-        # (2 tiles of K at the tiny width, cast to int32 at once; a Neuron build takes torch-neuronx's TopK op)
-        s64_allowed = {"decode": BATCH * 2 * backend.candidates, "decode_logits": 0}.get(tag, 1)
+        # prefill: the one-element slot index; the extend graphs index in int32 throughout
+        s64_allowed = 2 * k * topk_rows[tag] if tag in topk_rows else int(tag.startswith("prefill"))
         assert "f64" not in a["wide"] and a["wide"].get("s64", 0) <= s64_allowed, (tag, a["wide"])
         assert a["constant_elements"] <= MAX_CONSTANT_ELEMENTS, (tag, a["largest_constants"])
         assert a["kv_parameters"] == len(shapes) and a["kv_selects"] == 0, tag
         # the tiled top-K: a sort per tile, then one over the tiles' candidates; no other graph sorts
-        vocab, k = backend.dims.vocab_size, backend.candidates
-        tile = tile_width(vocab, k)
-        assert a["sort_widths"] == ([tile, vocab // tile * k] if tag == "decode" else []), (tag, a["sort_widths"])
+        assert a["sort_widths"] == ([tile, vocab // tile * k] if tag in topk_rows else []), (tag, a["sort_widths"])
         b, h, _, d = zip(*shapes)
         if tag.startswith("decode"):  # one position per row: B x H x D elements into each buffer
             assert a["kv_scatter_update_elements"] == [bb * hh * dd for bb, hh, dd in zip(b, h, d)]
+        elif tag.startswith("extend"):  # T positions of each of its R rows: R x H x T x D elements, nothing more
+            rows, tt = (BATCH, 8) if tag.endswith("_all") else (1, t)
+            want = sorted(rows * hh * tt * dd for hh, dd in zip(h, d))  # (HLO order is not the buffers' order)
+            assert sorted(a["kv_scatter_update_elements"]) == want, tag
         else:  # one row (slot) of each buffer: the prompt (full) or the ring (sliding)
             assert a["kv_scatter_update_elements"] == [math.prod(s) // BATCH for s in shapes]
 
@@ -94,7 +103,7 @@ def test_compile_hlo_writes_each_graph_and_the_audit(tiny_dirs, tmp_path, capsys
     assert compile_main(["hlo", "--model", str(tiny_dirs["gemma4-e2b-tiny"]), "--out", str(out), "--batch", "2",
                          "--max-context", "64", "--prefill-buckets", "32"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["audit.json", "decode.hlo.txt", "decode_logits.hlo.txt",
-                                                      "prefill_32.hlo.txt"]
+                                                      "extend_2x8_all.hlo.txt", "prefill_32.hlo.txt"]
     report = json.loads((out / "audit.json").read_text())
     assert report["decode"]["kv_selects"] == 0 and report["decode"]["ops"]["scatter"] == 12
     assert (out / "decode.hlo.txt").read_text().startswith("HloModule ")

@@ -37,9 +37,9 @@ JOBS = [(5, 14, 0), (13, 6, 0), (20, 10, 2), (3, 8, 3)]  # (prompt length, new t
 RMS_FACTOR, MAX_FACTOR = 1.5, 2.0
 
 
-def engine(path, backend: str, dtype: str):
+def engine(path, backend: str, dtype: str, chunk: int | None = None):
     eng = build_engine(EngineConfig(model=str(path), backend=backend, max_context=CTX, prefill_buckets=BUCKETS,
-                                    max_batch=BATCH, dtype=dtype))
+                                    max_batch=BATCH, dtype=dtype, prefill_chunk=chunk))
     eng.backend = LogitsRecorder(eng.backend, keep_inputs=True)
     return eng
 
@@ -92,6 +92,27 @@ def test_fp32_tokens_through_the_top_k_decode_graph_equal_the_cpu_backend(name, 
     assert_one_program_per_graph(xla.backend, "decode")
     xla.close()
     cpu.close()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_chunked_prefill_through_the_extend_graph_equals_the_cpu_backend(name, tiny_dirs):
+    """Prompts over 7 tokens prefilled 7 at a time through `extend_1x7` (top-K candidates of the last position,
+    the last chunk samples from them), interleaved with decode steps: the same tokens as the CPU backend's
+    chunked run and as its whole-prompt run; one XLA program per graph, no fallback."""
+    import torch_xla.debug.metrics as met
+
+    met.clear_counters()
+    cpu, xla, whole = (engine(tiny_dirs[name], b, "float32", c) for b, c in (("cpu", 7), ("xla", 7), ("cpu", 0)))
+    for e in (cpu, xla, whole):
+        e.backend = e.backend.inner
+    got = run_staggered(xla)
+    assert got == run_staggered(cpu) == run_staggered(whole)
+    twin = xla.backend
+    assert set(twin.graph_hashes) == {"prefill_16", "extend_1x7", "decode"}  # 5 and 3 tokens: prefill_16
+    assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
+    assert all(n <= 1 for n in twin.compiles.values()) and twin.calls["extend_1x7"] >= 5, (twin.compiles, twin.calls)
+    assert twin.fallback_ops() == {}
+    xla.close()
 
 
 def assert_one_program_per_graph(twin, decode_tag: str) -> None:

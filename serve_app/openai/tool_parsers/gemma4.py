@@ -1,12 +1,18 @@
 """Gemma-4 tool calls: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:42,ok:true,o:{...},a:[...]}<tool_call|>`
 (bare keys, strings between `<|"|>`), several in a row, -> OpenAI tool calls with JSON `arguments`.
 
-`parse_call(body)` reads one call's body (between the markers); JSON-style keys and strings (`"key":"v"`,
-what `serve_app.openai.constraints` generates for schemas without a native grammar) are read as well.
-`Gemma4ToolParser` is the streaming form: feed text chunks split anywhere, get OpenAI deltas. A call is
-emitted when its closing marker arrives: a first delta with `index`, `id`, `type` and `function.name`,
-then one with the `arguments`. Text outside calls stays content (other control tokens removed); a call
-that does not parse, names an unknown tool or never closes comes back as content, markers and all.
+`read_call(body, final)` reads one call's body (between the markers; arguments read by `gemma4_args`, leniently,
+always valid JSON); `parse_call(body)` is the same for a closed call, raising `CallSyntaxError` when the body names
+no call. `Gemma4ToolParser` is the streaming form: feed text chunks split anywhere, get OpenAI deltas, the same
+whatever the chunking. A call is emitted when it ends: a first delta with `index`, `id`, `type` and
+`function.name`, then one with the whole `arguments`.
+
+What reaches `content`: the text outside calls, control tokens removed, whitespace next to a call trimmed (as
+ollama does). Call markup never does. A call is returned under the name the model wrote, listed in `tools` or
+not (vLLM and ollama do the same; the templates render any name back in the history); it is dropped when the
+request has no tools (or `tool_choice: "none"`), when `parallel_tool_calls: false` already has its call, or when
+it names nothing (`<|tool_call>oops<tool_call|>`). A call the text ends inside (max_tokens) is returned when its
+name is complete, holding the values the model finished (`gemma4_args`); finish_reason stays "length".
 """
 
 from __future__ import annotations
@@ -15,98 +21,42 @@ import json
 import re
 import uuid
 
-from serve_app.openai.tool_parsers.markers import CONTROL, Splitter
+from serve_app.openai.tool_parsers.gemma4_args import QUOTE, read_object
+from serve_app.openai.tool_parsers.markers import CONTROL, Splitter, Trim
 
-OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
-_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
-_JSON = json.JSONDecoder()
+OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
+_NAME = re.compile(r"[\w.\-]+")
+
+__all__ = ["OPEN", "CLOSE", "QUOTE", "CallSyntaxError", "Gemma4ToolParser", "merge_deltas", "parse_call",
+           "read_call"]
 
 
 class CallSyntaxError(ValueError):
     pass
 
 
+def read_call(body: str, final: bool = True) -> tuple[str, dict] | None:
+    """`call:NAME{...}` -> (NAME, arguments), or None when the body names no call. `final`: closed by its
+    marker; otherwise the text ended inside it."""
+    try:
+        body = body.lstrip()
+        if not body.startswith("call:"):
+            return None
+        brace = body.find("{")
+        name = (body[5:brace] if brace >= 0 else body[5:]).strip()
+        if brace < 0:  # `call:ping` closed with no arguments at all
+            return (name, {}) if final and _NAME.fullmatch(name) else None
+        return (name, read_object(body, brace, final)) if name else None
+    except Exception:  # noqa: BLE001 - model output never raises; nothing readable is no call
+        return None
+
+
 def parse_call(body: str) -> tuple[str, dict]:
-    """`call:NAME{...}` -> (NAME, arguments)."""
-    if not body.startswith("call:") or "{" not in body:
-        raise CallSyntaxError("expected call:NAME{...}")
-    brace = body.index("{")
-    name = body[5:brace].strip()
-    if not name:
-        raise CallSyntaxError("the call has no name")
-    args, end = _Reader(body).value(brace)
-    if body[end:].strip() or not isinstance(args, dict):
-        raise CallSyntaxError("the arguments are not one object")
-    return name, args
-
-
-class _Reader:
-    def __init__(self, s: str):
-        self.s = s
-
-    def ws(self, i: int) -> int:
-        while i < len(self.s) and self.s[i] in " \t\r\n":
-            i += 1
-        return i
-
-    def value(self, i: int):
-        s, i = self.s, self.ws(i)
-        if s.startswith(QUOTE, i):
-            end = s.find(QUOTE, i + len(QUOTE))
-            if end < 0:
-                raise CallSyntaxError("unterminated string")
-            return s[i + len(QUOTE):end], end + len(QUOTE)
-        if s.startswith('"', i):
-            try:
-                return _JSON.raw_decode(s, i)
-            except json.JSONDecodeError as e:
-                raise CallSyntaxError(str(e)) from None
-        if s.startswith("{", i):
-            return self.container(i, "}", keyed=True)
-        if s.startswith("[", i):
-            return self.container(i, "]", keyed=False)
-        for word, v in (("true", True), ("false", False), ("null", None)):
-            if s.startswith(word, i):
-                return v, i + len(word)
-        m = _NUMBER.match(s, i)
-        if m:
-            return json.loads(m.group()), m.end()
-        raise CallSyntaxError(f"unexpected {s[i:i + 10]!r}")
-
-    def key(self, i: int) -> tuple[str, int]:
-        s, i = self.s, self.ws(i)
-        if s.startswith(QUOTE, i) or s.startswith('"', i):
-            k, i = self.value(i)
-            i = self.ws(i)
-        else:
-            j = s.find(":", i)
-            if j < 0:
-                raise CallSyntaxError("a key without a value")
-            k, i = s[i:j].strip(), j
-            if not k or any(c in k for c in '{}[],"<'):
-                raise CallSyntaxError(f"bad key {k!r}")
-        if not s.startswith(":", i):
-            raise CallSyntaxError("expected ':' after a key")
-        return k, i + 1
-
-    def container(self, i: int, close: str, keyed: bool):
-        s, out, i = self.s, {} if keyed else [], self.ws(i + 1)
-        if s.startswith(close, i):
-            return out, i + 1
-        while True:
-            if keyed:
-                k, i = self.key(i)
-                out[k], i = self.value(i)
-            else:
-                v, i = self.value(i)
-                out.append(v)
-            i = self.ws(i)
-            if s.startswith(",", i):
-                i += 1
-            elif s.startswith(close, i):
-                return out, i + 1
-            else:
-                raise CallSyntaxError(f"expected ',' or {close!r}")
+    """A closed call's body -> (NAME, arguments)."""
+    got = read_call(body, final=True)
+    if got is None:
+        raise CallSyntaxError(f"expected call:NAME{{...}}, got {body[:40]!r}")
+    return got
 
 
 def new_call_id() -> str:
@@ -115,25 +65,24 @@ def new_call_id() -> str:
 
 class Gemma4ToolParser:
     """Streaming: `feed(text)` and finally `flush()` return OpenAI deltas ({"content": ...} or
-    {"tool_calls": [...]}); `calls` holds the finished calls in OpenAI's message shape."""
+    {"tool_calls": [...]}); `calls` holds the returned calls in OpenAI's message shape."""
 
     def __init__(self, tool_names=None, strip=CONTROL, max_calls: int | None = None):
         self.names, self.max_calls = set(tool_names or ()), max_calls  # max_calls 1: parallel_tool_calls false
-        markers = set(strip) | ({OPEN, CLOSE} if self.names else set())
-        self.split = Splitter(markers)
-        self.strip = set(strip) | {CLOSE}
+        self.split = Splitter(set(strip) | {OPEN, CLOSE})
         self.body: str | None = None  # inside a call: its text so far
+        self.trim = Trim()
         self.calls: list[dict] = []
 
     def feed(self, text: str) -> list[dict]:
-        return self._run(self.split.feed(text))
+        return merge_deltas(self._run(self.split.feed(text)))
 
     def flush(self) -> list[dict]:
         out = self._run(self.split.flush())
-        if self.body is not None:  # a call that never closed: the text it was
-            out.append({"content": OPEN + self.body})
-            self.body = None
-        return _merge(out)
+        if self.body is not None:  # the text ended inside a call
+            out += self._end(final=False)
+        out.append({"content": self.trim.release()})
+        return merge_deltas(out)
 
     def _run(self, pieces) -> list[dict]:
         out = []
@@ -142,25 +91,24 @@ class Gemma4ToolParser:
                 if not marker or s == QUOTE:
                     self.body += s
                     continue
+                out += self._end(final=s == CLOSE)  # closed, or another marker began: cut
                 if s == CLOSE:
-                    out += self._close(self.body)
-                    self.body = None
                     continue
-                out.append({"content": OPEN + self.body})  # unterminated, something else began
-                self.body = None
-            if marker and s == OPEN and self.names:
+            if marker and s == OPEN:
+                self.trim.cut()  # whitespace before a call is not content
                 self.body = ""
-            elif not marker or s not in self.strip:
-                out.append({"content": s})
-        return _merge(out)
+            elif not marker:
+                out.append({"content": self.trim.text(s)})
+            # any other marker: control markup, removed
+        return out
 
-    def _close(self, body: str) -> list[dict]:
-        try:
-            name, args = parse_call(body)
-        except CallSyntaxError:
-            return [{"content": OPEN + body + CLOSE}]
-        if name not in self.names or self.max_calls is not None and len(self.calls) >= self.max_calls:
-            return [{"content": OPEN + body + CLOSE}]  # not a call we may return: kept as text, never dropped
+    def _end(self, final: bool) -> list[dict]:
+        body, self.body = self.body, None
+        self.trim.cut(lead=True)  # nor is whitespace after it
+        got = read_call(body, final)
+        if got is None or not self.names or self.max_calls is not None and len(self.calls) >= self.max_calls:
+            return []
+        name, args = got
         call = {"id": new_call_id(), "type": "function",
                 "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
         index = len(self.calls)
@@ -170,15 +118,16 @@ class Gemma4ToolParser:
                 {"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]}]
 
 
-def _merge(deltas: list[dict]) -> list[dict]:
-    """Adjacent content deltas as one; empty ones dropped."""
+def merge_deltas(deltas: list[dict]) -> list[dict]:
+    """Adjacent content (or reasoning_content) deltas as one; empty ones dropped."""
     out: list[dict] = []
     for d in deltas:
-        if "content" in d:
-            if not d["content"]:
+        if len(d) == 1 and ("content" in d or "reasoning_content" in d):
+            if not next(iter(d.values())):
                 continue
-            if out and set(out[-1]) == {"content"}:
-                out[-1] = {"content": out[-1]["content"] + d["content"]}
+            if out and set(out[-1]) == set(d):
+                key = next(iter(d))
+                out[-1] = {key: out[-1][key] + d[key]}
                 continue
         out.append(d)
     return out

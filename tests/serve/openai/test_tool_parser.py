@@ -1,5 +1,7 @@
 """The Gemma-4 tool-call and reasoning parsers on scripted model outputs (control tokens kept), streamed
-at every byte split and whole: calls become OpenAI tool_calls, everything else stays content."""
+at every byte split and whole: calls become OpenAI tool_calls, the text outside them content, and call markup
+never reaches content (parity cases with vLLM and ollama: test_parser_parity.py; thinking: test_parser_reasoning.py;
+random outputs: test_parser_fuzz.py)."""
 
 from __future__ import annotations
 
@@ -50,12 +52,16 @@ CASES = {
                [("search", {"q": "x", "opts": {"deep": True, "tags": ["a", 1.5, None, {"k": -2}]}, "n": 1000.0})]),
     "tricky strings": (call(f'call:search{{q:{Q}a {{b}}, "c" [d]: e{Q}}}'), "",
                        [("search", {"q": 'a {b}, "c" [d]: e'})]),
-    "text before": ("Let me check. " + call(f"call:get_weather{{city:{Q}Rome{Q}}}"), "Let me check. ",
+    "text before": ("Let me check. " + call(f"call:get_weather{{city:{Q}Rome{Q}}}"), "Let me check.",
                     [("get_weather", {"city": "Rome"})]),
+    "text around": ("A " + call("call:noargs{}") + "\n" + call("call:noargs{}") + "\n B ", "AB ",
+                    [("noargs", {}), ("noargs", {})]),
     "json body": (call('call:search{"q":"x","n":2}'), "", [("search", {"q": "x", "n": 2})]),
-    "malformed": (call("call:search{q:}"), call("call:search{q:}"), []),
-    "unknown tool": (call("call:rm{}"), call("call:rm{}"), []),
-    "unterminated": ("Hi " + "<|tool_call>call:search{q:", "Hi <|tool_call>call:search{q:", []),
+    "empty value": (call("call:search{q:}"), "", [("search", {"q": ""})]),
+    "unknown tool": (call("call:rm{}"), "", [("rm", {})]),  # as vLLM and ollama: the name the model wrote
+    "no call in it": ("a" + call("oops") + call("call:x[1]") + "b", "ab", []),
+    "cut by max_tokens": ("Hi " + "<|tool_call>call:search{n:2,q:" + Q + "unfini", "Hi", [("search", {"n": 2})]),
+    "cut in the name": ("Hi " + "<|tool_call>call:sea", "Hi", []),
     "control tokens": ("Hello<turn|>", "Hello", []),
 }
 
@@ -94,34 +100,40 @@ def test_thinking_never_leaks_into_content():
     assert msg == {"role": "assistant", "content": "The answer is 4.", "reasoning_content": "secret plan"}
 
 
-def test_without_tools_calls_stay_text():
-    msg, finish = run_whole(call(f"call:search{{q:{Q}x{Q}}}"), names=())
-    assert "tool_calls" not in msg and finish == "stop" and "call:search" in msg["content"]
+def test_without_tools_calls_are_dropped_not_shown():
+    """No tools (or tool_choice "none"): no tool_calls, and the call's markup is not content either."""
+    msg, finish = run_whole("Sure." + call(f"call:search{{q:{Q}x{Q}}}"), names=())
+    assert msg == {"role": "assistant", "content": "Sure."} and finish == "stop"
 
 
-@pytest.mark.parametrize("body", ["call:{}", "get{}", "call:x{a:1", "call:x{a:1}}", "call:x[1]", "call:x{a:1,}",
-                                  f"call:x{{a:{Q}open}}"])
+@pytest.mark.parametrize("body", ["call:{}", "get{}", "call:x[1]", "", "call:", "call:two words"])
 def test_parse_call_refuses(body):
     with pytest.raises(CallSyntaxError):
         parse_call(body)
 
 
+@pytest.mark.parametrize("body,args", [("call:x{a:1", {"a": 1}), ("call:x{a:1}}", {"a": 1}), ("call:x{a:1,}", {"a": 1}),
+                                       (f"call:x{{a:{Q}open}}", {"a": "open"}), ("call:x", {}),
+                                       ("call:x{a:1e999,b:-Infinity,c:NaN}", {"a": "1e999", "b": "-Infinity",
+                                                                              "c": "NaN"})])
+def test_parse_call_reads_what_a_model_writes(body, args):
+    assert parse_call(body) == ("x", args)
+
+
 def test_parser_alone_streams_openai_deltas():
     p = Gemma4ToolParser({"f"})
     deltas = [d for ch in ("ok <|tool_", "call>call:f{a:", "1}<tool_call|>") for d in p.feed(ch)] + p.flush()
-    assert deltas[0] == {"content": "ok "}
+    assert deltas[0] == {"content": "ok"}  # the space before a call is not content
     first, args = deltas[1]["tool_calls"][0], deltas[2]["tool_calls"][0]
     assert first["index"] == 0 and first["function"] == {"name": "f", "arguments": ""} and first["id"]
     assert args == {"index": 0, "function": {"arguments": '{"a": 1}'}}
 
 
-def test_parallel_tool_calls_false_returns_one_call_and_keeps_the_rest_as_text():
-    from serve_app.openai.chat_output import ChatOutput
-
+def test_parallel_tool_calls_false_returns_the_first_call_and_drops_the_rest():
     out = ChatOutput(["f", "g"], parallel_tool_calls=False)
     text = '<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:2}<tool_call|>'
     out.feed(text)
     out.flush()
     msg = out.message()
     assert [c["function"]["name"] for c in msg["tool_calls"]] == ["f"]
-    assert msg["content"] == "<|tool_call>call:g{b:2}<tool_call|>"
+    assert msg["content"] is None

@@ -1,0 +1,136 @@
+"""The stall a long prompt puts on running streams, with and without chunked prefill, side by side in one run.
+
+    python bench/prefill_stall.py [--dims tiny|12b|both] [--chunk N] [--threads 1]
+
+Two streams decode; then a prompt of most of the context arrives. Per engine step the wall time is kept; the
+script prints the median decode step before the arrival, the longest step while the long prompt is being
+prefilled (until its first token), their ratio (goal with chunks: <= 2x), and the long prompt's time to first
+token, for `prefill_chunk` 0 (today: the whole prompt in one step) and N. The tokens of both runs are checked
+equal. `tiny`: the E4B-like tiny checkpoint, context 1024, prompt 1000 (chunk at most its ring, 16). `12b`:
+random bf16 weights at the real 12B widths (hidden 3840, 16 query heads, head_dim 256 / 512, vocab 262,144,
+window 1024) but 2 layers (one sliding, one full: the full 48 would not fit this box's RAM), context 1024,
+prompt 1000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from neuron_workers.backends.cpu import CpuBackend  # noqa: E402
+from neuron_workers.config import EngineConfig  # noqa: E402
+from neuron_workers.engine.engine import Engine  # noqa: E402
+from neuron_workers.engine.params import SamplingParams  # noqa: E402
+from neuron_workers.factory import build_engine  # noqa: E402
+from neuron_workers.model.dims import ModelDims  # noqa: E402
+
+CTX, PROMPT = 1024, 1000
+
+
+def model_12b(layers: int = 2):
+    """A 12B-wide text model with random bf16 weights (`layers` layers, sliding then full)."""
+    import transformers as tf
+
+    from neuron_workers.model.attention import NAME
+    from neuron_workers.model.checkpoint import _materialize_buffers
+
+    d = json.loads((ROOT / "configs/model-configs/gemma-4-12B.text_config.json").read_text())
+    d.pop("model_type")
+    d["num_hidden_layers"] = layers
+    d["layer_types"] = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    for key in ("kv_sharing_modes", "num_kv_shared_layers"):
+        d.pop(key, None)
+    cfg = tf.Gemma4UnifiedTextConfig(**d)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        lm = tf.Gemma4UnifiedForCausalLM(cfg)
+    lm = lm.to_empty(device="cpu").to(torch.bfloat16)
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.normal_(0, 0.02)
+    _materialize_buffers(lm, cfg)  # RoPE tables and scales that to_empty left unset
+    lm.lm_head.weight = lm.model.embed_tokens.weight
+    lm.config._attn_implementation = NAME
+    dims = ModelDims.from_hf(cfg)
+    info = SimpleNamespace(sampling_defaults={}, model_dir="12b-standin", eos_token_ids=())
+    return SimpleNamespace(info=info, dims=dims, hf_lm=lm.eval(), ple=None, tokenizer=None, eos_token_ids=())
+
+
+def engines(which: str, chunk: int | None):
+    if which == "tiny":
+        from neuron_workers.testing.tiny import ensure_tiny
+
+        d = ensure_tiny(Path(tempfile.gettempdir()) / "gemma4-bench-tiny")["gemma4-e4b-tiny"]
+        return [build_engine(EngineConfig(model=str(d), max_context=CTX, max_batch=3, prefill_chunk=c))
+                for c in (0, chunk)]
+    model = model_12b()
+    out = []
+    for c in (0, chunk or 32):
+        backend = CpuBackend(model.hf_lm, model.dims, CTX, (32, 64, 128, 256, 512, CTX), torch.bfloat16, max_batch=3)
+        backend.extend_buckets = (c,) if c else ()
+        out.append(Engine(model, backend, prefill_chunk=c))
+    return out
+
+
+def run(eng, long_prompt, n_stream: int = 6, warm: int = 4):
+    p = SamplingParams
+    streams = [eng.new_sequence([2, 5 + i, 9, 11], p(max_tokens=CTX - 10, ignore_eos=True)) for i in range(2)]
+    long = eng.new_sequence(long_prompt, p(max_tokens=1, ignore_eos=True))
+    for s in streams:
+        eng.add(s)
+    before, during, tokens = [], [], []
+    for i in range(warm + n_stream):  # decode steps alone (the first ones prefill the streams: not counted)
+        t = time.perf_counter()
+        eng.step()
+        if i >= warm:
+            before.append(time.perf_counter() - t)
+    eng.add(long)
+    t0 = time.perf_counter()
+    while not long.output_ids:
+        t = time.perf_counter()
+        for ev in eng.step():
+            tokens.append((ev.seq_id, ev.token_id))
+        during.append(time.perf_counter() - t)
+    ttft = time.perf_counter() - t0
+    for s in streams:
+        eng.cancel(s.seq_id)
+    return statistics.median(before), max(during), statistics.median(during), len(during), ttft, long.output_ids
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dims", choices=["tiny", "12b", "both"], default="both")
+    ap.add_argument("--chunk", type=int, help="prefill_chunk to compare with 0 (default: the backend's)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    prompt = [2] + [(7 * i + 3) % 500 + 5 for i in range(PROMPT - 1)]
+    for which in (["tiny", "12b"] if args.dims == "both" else [args.dims]):
+        whole, chunked = engines(which, args.chunk)
+        rows = []
+        for eng in (whole, chunked):
+            run(eng, prompt[:100], 2, 2)  # every graph built and used once (eager graphs are made on first use)
+            med, worst, med_during, steps, ttft, first = run(eng, prompt)
+            rows.append((eng.prefill_chunk, med, worst, med_during, steps, ttft, first))
+        for chunk, med, worst, med_during, steps, ttft, _ in rows:
+            print(f"{which}: prefill_chunk {chunk or 'off':>4}: decode step median {med * 1e3:8.1f} ms; while a "
+                  f"{PROMPT}-token prompt prefills: longest step {worst * 1e3:9.1f} ms = {worst / med:6.2f}x (gap "
+                  f"{(worst - med) * 1e3:8.1f} ms), median step {med_during * 1e3:8.1f} ms = {med_during / med:5.2f}x, "
+                  f"{steps} steps, its TTFT {ttft:6.2f} s")
+        print(f"{which}: first token equal: {rows[0][6] == rows[1][6]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
