@@ -21,7 +21,7 @@ def on_cpus(wanted: list[int] | None):
     if not wanted or not hasattr(os, "sched_setaffinity"):
         yield
         return
-    from serve_app.replica.engine_child import resolve_cpus
+    from serve_app.replica.host import resolve_cpus
 
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, resolve_cpus(wanted, sorted(before)))

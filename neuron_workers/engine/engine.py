@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 
 from neuron_workers.backends import Backend
-from neuron_workers.engine.detokenizer import IncrementalDetokenizer, unused_ids
+from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
 from neuron_workers.engine.grammar import GrammarError, Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
@@ -27,6 +27,7 @@ from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_l
 from neuron_workers.engine.scheduler import Scheduler
 from neuron_workers.engine.sequence import Sequence
 from neuron_workers.engine.stops import StopStrings
+from neuron_workers.engine.texts import Texts
 from neuron_workers.errors import ContextLengthError, UserError
 from neuron_workers.model.extend_inputs import extend_inputs
 from neuron_workers.model.host_inputs import DecodeBatch, choose_bucket, prefill_inputs
@@ -35,7 +36,7 @@ from neuron_workers.model.spec import DECODE, PREFILL
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(Texts):
     def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None, prefill_chunk: int = 0):
         self.model, self.backend = model, backend
         self.dims, self.tokenizer = model.dims, model.tokenizer
@@ -53,42 +54,6 @@ class Engine:
 
     def close(self) -> None:
         self.backend.close()
-
-    # --- prompts -------------------------------------------------------------------------------
-    def _require_tokenizer(self):
-        if self.tokenizer is None:
-            raise UserError(f"{self.model.info.model_dir} has no tokenizer: pass token ids instead of text")
-        return self.tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._require_tokenizer()(text)["input_ids"])
-
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
-                    **template_kwargs) -> str:
-        """The chat template's prompt text; `tools` and the kwargs (e.g. `enable_thinking`) go to the template."""
-        return self._require_tokenizer().apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                             add_generation_prompt=add_generation_prompt,
-                                                             **template_kwargs)
-
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
-        return self.encode_rendered(self.render_chat(messages, tools, **template_kwargs))
-
-    def encode_rendered(self, text: str) -> list[int]:
-        """Ids of a rendered prompt (its control tokens and BOS are in the text)."""
-        return list(self._require_tokenizer()(text, add_special_tokens=False)["input_ids"])
-
-    @functools.cached_property
-    def max_token_chars(self) -> int:
-        """The longest vocabulary entry in characters: a text of c characters has at least
-        c / max_token_chars tokens, which lets a server refuse an absurd prompt without tokenizing it."""
-        if self.tokenizer is None:
-            return 1
-        return max(len(t) for t in self.tokenizer.get_vocab())
-
-    @functools.cached_property
-    def unused_ids(self) -> frozenset[int]:
-        """The reserved `<unusedN>` tokens: never text (`detokenizer.unused_ids`)."""
-        return unused_ids(self.tokenizer) if self.tokenizer is not None else frozenset()
 
     def validate(self, prompt_ids: list[int], max_tokens: int) -> None:
         """Raise a UserError unless the ids are in the vocabulary and prompt + new tokens fit the context."""

@@ -200,7 +200,7 @@ def test_a_start_failure_is_raised_in_the_replica(tmp_path):
 
 
 def test_engine_cpus_resolve_negative_entries_from_the_end_and_refuse_a_cpu_not_allowed():
-    from serve_app.replica.engine_child import resolve_cpus
+    from serve_app.replica.host import resolve_cpus
 
     assert resolve_cpus([-1], [0, 1, 2, 3]) == [3]
     assert resolve_cpus([-1, -2], [4, 6]) == [4, 6]
