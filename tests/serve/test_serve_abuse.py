@@ -248,4 +248,4 @@ def test_schema_work_never_delays_health_or_another_model(app):
     assert health.status_code == 200 and other.status_code == 200
     assert all(r.status_code in (200, 400) for r in answers), [r.text[:200] for r in answers]
     assert heavy_s > asked + 0.3, "the heavy schemas were done before the probes: the test measured nothing"
-    assert health_s < 0.5 and other_s < 1.0, (health_s, other_s, heavy_s)
+    assert health_s < 1.0 and other_s < 2.0, (health_s, other_s, heavy_s)  # on the event loop: 6 s each

@@ -55,3 +55,18 @@ def test_lone_surrogates_in_tool_fields_are_refused():
     assert refusal({**BASE, "tools": [tool]})[0] == "tools.0.function.description"
     msg = {"role": "tool", "tool_call_id": "\ud800", "content": "x"}
     assert refusal({"model": "m", "messages": [msg]})[0] == "messages.0.tool_call_id"
+
+
+@pytest.mark.parametrize("raw,words", [(b'{"model": "m", "prompt": "\xff\xfe"}', "UTF-8"),
+                                       (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+                                       (b'{"model": "m", "prompt": "x", "seed": ' + b"9" * 5000 + b"}", "digits"),
+                                       (b'{"model": ', "not valid JSON")])
+def test_bodies_that_are_not_json_are_body_errors(raw, words):
+    """The router answers these with 400 `invalid_json` (they had `code: null`)."""
+    import asyncio
+
+    from serve_app.openai import bodies
+    from serve_app.openai.protocol import CompletionRequest
+
+    with pytest.raises(bodies.BodyError, match=words):
+        asyncio.run(bodies.parse(CompletionRequest, raw))
