@@ -2,7 +2,7 @@
 
 The syntax the templates render and the model writes: `{key:<|"|>text<|"|>,n:42,ok:true,o:{...},a:[...]}`, bare
 keys, strings between `<|"|>` taken verbatim (no escapes). Read leniently, as vLLM's and ollama's Gemma-4 parsers
-do: JSON-style `"key":"v"` (what `constraints` generates for schemas without a native grammar), `<|"|>`-quoted
+do: JSON-style `"key":"v"` (models write it; our grammars no longer do), `<|"|>`-quoted
 keys, `None`/`null`/`nil` (the 04-01 and April templates render null as `None`), `True`/`False`, trailing and
 doubled commas, `.5`, `5.`, `+5`, single-quoted strings, a stray `<|"|>` after a value, bare strings (up to a
 comma that starts the next `key:`, so prose with commas survives), a string left open before the closing braces.
