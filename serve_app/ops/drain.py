@@ -33,6 +33,14 @@ def cancelled(exc: BaseException) -> bool:
     return isinstance(exc, (TaskCancelledError, RequestCancelledError, asyncio.CancelledError))
 
 
+def proxy_gone(exc: BaseException) -> bool:
+    """Whether Ray's HTTP proxy actor died under the request (plain `serve run` stopping on Ctrl-C kills it
+    first): the connection, and with it the client, is gone; nothing is left to answer."""
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, RayActorError) and "ProxyActor" in str(exc)
+
+
 class Flight:
     """One request in flight: its task and what of its response has gone out."""
 
@@ -135,6 +143,11 @@ class Drain:
             if not flight.aborted:
                 raise
             flight.task.uncancel()
+        except Exception as e:  # one line, not two tracebacks (ours and Serve's), for a proxy gone at shutdown
+            if not proxy_gone(e):
+                raise
+            log.info("the HTTP proxy stopped under %s %s: the request ended with it", scope.get("method"),
+                     scope.get("path"))
         finally:
             if not flight.aborted:
                 STATE.inflight.discard(flight)

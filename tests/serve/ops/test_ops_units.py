@@ -217,3 +217,20 @@ def test_the_router_holds_more_than_every_model_can():
     args = AppArgs(**cfg["applications"][0]["args"])
     assert router_ongoing_limit(args) == 4 * 64 + 128 + 2 * 64 + 128 + 2 * 8 + 32 + PROBE_HEADROOM
     assert router_ongoing_limit(AppArgs(models=[fake_spec()])) == 256  # small configs keep the default
+
+
+def test_a_proxy_that_dies_under_a_request_ends_it_quietly(state):
+    """Plain `serve run` kills Ray's HTTP proxy first on Ctrl-C: the request's `receive` raises; that is one INFO
+    line, not our traceback and Serve's. Any other actor's death still propagates."""
+    from ray.exceptions import RayActorError
+
+    def dying(name):
+        async def app(scope, receive, send):
+            raise RayActorError(error_msg=f"The actor died unexpectedly. class_name: {name}")
+        return app
+
+    c = Client()
+    run(drain.Drain(dying("ProxyActor"))(c.scope, c.receive, c.send))
+    assert c.sent == [] and not state.inflight
+    with pytest.raises(RayActorError):
+        run(drain.Drain(dying("ServeReplica:x:Model_m"))(c.scope, c.receive, c.send))
