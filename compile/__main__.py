@@ -1,14 +1,17 @@
 """python -m compile {build,plan,hlo,kuberay,smoke} ...
 
   build  --model DIR --out DIR [--tp N --batch B --max-context N --prefill-buckets 128,512 --dtype D]
-         [--backend neuron|cpu] [--jobs J] [--cores 0-1]  trace + compile the graphs, write artifacts + manifest
-         (a neuron build pins NEURON_RT_VISIBLE_CORES: --cores, else the variable, else the first tp cores)
+         [--backend neuron|cpu] [--jobs J] [--cores 0-1] [--prefill-chunk N] [--num-speculative-tokens K]
+         trace + compile the graphs, write artifacts + manifest (a neuron build pins NEURON_RT_VISIBLE_CORES:
+         --cores, else the variable, else the first tp cores; it adds the extend graphs extend_1xN and
+         extend_1xN_logits of chunked prefill: N default 256 when the sliding ring holds it, 0 none; and with
+         K the verify graph extend_BxK+1_all of speculative decoding)
   build  --config configs/inf2.yaml [--model NAME] [--jobs J]
          the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and
          artifacts directory (one source of truth: what is built is what that config serves); several
          models: each in a process of its own, its cores pinned before it starts (compile/build_config.py)
-         a neuron build compiles `decode` first and alone, keeps every compiled graph in OUT/neff_cache and
-         says how to resume when a graph fails
+         (its `prefill_chunk` too); a neuron build compiles `decode` first and alone, keeps every compiled
+         graph in OUT/neff_cache and says how to resume when a graph fails
   plan   --model DIR_OR_CONFIG_JSON [--tp N --batch B --max-context N --instance inf2.24xlarge] [--json]
   plan   --config configs/inf2.yaml [--model NAME]     each model as configured, on the config's instance
          (a model whose checkpoint is not here is planned from configs/model-configs/, with a note on stderr)
@@ -19,7 +22,7 @@
   kuberay --config configs/inf2.yaml [--check]   the KubeRay RayService for EKS generated from that config
          (configs/kuberay/rayservice.yaml; --check exits 1 when it has drifted)
   smoke  the inf2 hardware smoke test (compile/smoke.py): versions, a toy ModelBuilder model, tiny
-         checkpoints at tp 1 and 2 against the CPU backend; PASS/FAIL per step
+         checkpoints at tp 1 and 2 against the CPU backend (prefill, decode and extend graphs); PASS/FAIL per step
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def _ints(text: str) -> list[int]:
 def parse(argv):
     ap = argparse.ArgumentParser(prog="python -m compile", description="Compile and plan Gemma-4 graphs for inf2")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="trace and compile the prefill buckets and the two decode graphs")
+    b = sub.add_parser("build", help="trace and compile the prefill buckets, the two decode graphs and (neuron) "
+                                     "the extend graphs of chunked prefill")
     b.add_argument("--model", help="checkpoint directory (with --config: a model name in it)")
     b.add_argument("--config", help="a serve YAML (configs/inf2.yaml): build its models as it serves them")
     b.add_argument("--tp", type=int, default=1)
@@ -53,6 +57,10 @@ def parse(argv):
     b.add_argument("--out", help="artifact directory (with --config: the config's `artifacts`)")
     b.add_argument("--jobs", type=int, default=1,
                    help="neuronx-cc processes at once (default 1: each can take tens of GB of host RAM)")
+    b.add_argument("--prefill-chunk", type=int, help="neuron: T of the extend graphs of chunked prefill (default "
+                                                     "256, when the sliding ring holds it; 0: none)")
+    b.add_argument("--num-speculative-tokens", type=int,
+                   help="neuron: also build the verify graph of speculative decoding (ngram) for K drafts a step")
     b.add_argument("--cores", help="NeuronCores the build may use, e.g. 2-3 (default: NEURON_RT_VISIBLE_CORES "
                                    "if set, else the first tp): keep clear of a running server's cores")
     p = sub.add_parser("plan", help="will it fit? per-core HBM and host RAM")
@@ -76,7 +84,7 @@ def parse(argv):
     h.add_argument("--prefill-buckets", type=_ints)
     h.add_argument("--dtype", default="bfloat16", help="default bfloat16, as a neuron build")
     sm = sub.add_parser("smoke", help="hardware smoke test on an inf2 host")
-    sm.add_argument("step", nargs="?", choices=["sdk", "toy", "tp1", "tp2"], help="run one step (internal)")
+    sm.add_argument("step", nargs="?", choices=["sdk", "topk", "toy", "tp1", "tp2"], help="run one step (internal)")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.cmd in ("build", "plan") and not (args.model or args.config):
@@ -97,7 +105,9 @@ def _build(args) -> int:
         dtype = args.dtype or ("bfloat16" if args.backend == "neuron" else "float32")
         cfg = EngineConfig(model=args.model, backend=args.backend, tp=args.tp, max_context=args.max_context,
                            prefill_buckets=args.prefill_buckets, dtype=dtype, artifacts=args.out,
-                           max_batch=args.batch)
+                           max_batch=args.batch, prefill_chunk=args.prefill_chunk,
+                           speculative_method="ngram" if args.num_speculative_tokens else None,
+                           num_speculative_tokens=args.num_speculative_tokens or None)
         hint = "run `python -m compile " + " ".join(shlex.quote(a) for a in args.argv) + "` again"
         build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores, resume_hint=hint)
         return 0

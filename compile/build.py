@@ -1,8 +1,11 @@
 """`compile build`: one pipeline for every backend. Load the checkpoint, expand the prefill buckets and
-the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, hand them to
-the backend's builder with per-graph progress, and write the manifest that serving checks. The cpu backend
-writes strict torch.export programs (.pt2), so the whole pipeline (build -> manifest -> load -> generate)
-runs and is tested without Neuron hardware."""
+the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, and for neuron the
+extend graphs of chunked prefill (`extend_1xT`, `extend_1xT_logits`, T the resolved `prefill_chunk`: default 256,
+0 or a model whose sliding ring is smaller: none) and, with `num_speculative_tokens` K, the verify graph
+`extend_{B}x{K+1}_all`, hand them to the backend's builder with per-graph progress,
+and write the manifest that serving checks (with the extend graphs and their T as `extend_buckets`). The cpu
+backend writes strict torch.export programs (.pt2) of the prefill and decode graphs only, so the whole pipeline
+(build -> manifest -> load -> generate) runs and is tested without Neuron hardware."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from neuron_workers.artifacts.manifest import Manifest, config_hash, installed_versions
-from neuron_workers.config import EngineConfig, resolve_context
+from neuron_workers.config import EngineConfig, resolve_context, resolve_prefill_chunk, speculative_tokens
 from neuron_workers.errors import UserError
 from neuron_workers.factory import resolve_buckets
 from neuron_workers.model.loader import DTYPES, load_model
@@ -45,21 +48,27 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
     loaded = load_model(cfg.model, DTYPES[dtype])
     ctx = resolve_context(cfg.max_context, loaded.dims.max_position_embeddings)
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
+    chunk = resolve_prefill_chunk(cfg.prefill_chunk, "neuron", loaded.dims.ring_size(ctx), ctx) \
+        if backend == "neuron" else 0
     progress(f"loaded {cfg.model} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
-             f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode, context {ctx}, tp {tp}, "
-             f"batch {batch}")
+             f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode"
+             f"{f' + extend 1x{chunk} (prefill_chunk)' if chunk else ''}, context {ctx}, tp {tp}, batch {batch}")
     out.mkdir(parents=True, exist_ok=True)
+    extend = []
     if backend == "cpu":
         graphs, flags = _build_cpu(loaded, tp, batch, ctx, buckets, out, progress), {}
     elif backend == "neuron":
+        from neuron_workers.backends.neuron import chunk_shapes, verify_shapes
         from neuron_workers.backends.neuron_build import build_neuron
 
-        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint)
+        extend = chunk_shapes(chunk) + verify_shapes(batch, speculative_tokens(cfg))
+        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
         raise UserError(f"compile build does not build for the {backend} backend", param="backend")
     manifest = Manifest(backend, config_hash(loaded.info.text_config), loaded.info.model_type, tp, batch, ctx,
-                        list(buckets), dtype, flags, installed_versions(backend), graphs)
+                        list(buckets), dtype, flags, installed_versions(backend), graphs,
+                        extend_graphs=[list(s) for s in extend], extend_buckets=[chunk] if chunk else [])
     manifest.write(out)
     progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
     return manifest

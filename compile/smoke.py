@@ -12,11 +12,14 @@ time limit (a TP collective that hangs must still report):
            at [TOPK_BATCH, 262144] (Gemma-4's real vocabulary, inf2.yaml's largest max_batch), run on bf16
            logits with ties, against torch.topk: values equal, ids equal in the host's canonical order (the
            tiny checkpoints' 512-token vocabulary cannot show what the compiler does with the real width)
-  tp1      a tiny E2B-like checkpoint built at context 64 (batch 2) on core 0; two prompts of 20 tokens
-           (past the sliding window of 8) decoded together on the CPU backend (bf16), and the very same
-           inputs fed to the device (teacher forcing): logits per call within LOGIT_TOL, and the same argmax
-           wherever the CPU's top two are further apart than 2 * LOGIT_TOL; then, on the device, greedy tokens
-           through the top-K `decode` graph equal those through `decode_logits`
+  tp1      a tiny E2B-like checkpoint built at context 64 (batch 2, with the extend graphs of a 16-token
+           chunk) on core 0 (`smoke_tiny`): two prompts of 20 tokens (past the sliding window of 8) decoded
+           together on the CPU backend (bf16), and the very same inputs fed to the device (teacher forcing):
+           logits per call within LOGIT_TOL, and the same argmax wherever the CPU's top two are further apart
+           than 2 * LOGIT_TOL; on the device, greedy tokens through the top-K `decode` graph equal those through
+           `decode_logits`; then a prompt's head prefilled and its next chunk through `extend_1x16_logits`
+           (logits compared the same way) and the top-K `extend_1x16` (candidates: values by rank within
+           LOGIT_TOL, the same best id where clear), against the CPU backend's extend with the same inputs
   tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1
 One table, PASS/FAIL per step (a step that reported and then exited non-zero says so, and fails); exit
 1 if any step failed. Without the SDK: one line saying what to install, exit 2.
@@ -30,15 +33,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+from compile.smoke_tiny import LOGIT_TOL, compare_logits, tiny  # noqa: F401 (the tiny steps; names tests use)
 from neuron_workers.errors import UserError
 
 PINS = {"torch-neuronx": "2.9.0.2.15.32035", "neuronx-cc": "2.26.6360.0", "neuronx-distributed": "0.19.28492"}
 STEPS = {"sdk": None, "topk": "0", "toy": "0", "tp1": "0", "tp2": "0,1"}  # step -> NEURON_RT_VISIBLE_CORES
 STEP_TIMEOUT_S = {"sdk": 120, "topk": 1200, "toy": 1200, "tp1": 2400, "tp2": 2400}  # neuronx-cc: all but sdk
 TOPK_BATCH, TOPK_WIDTH, TOPK_K = 32, 262144, 256
-LOGIT_TOL = 0.5  # bf16 device vs bf16 CPU on logits of magnitude ~20 (tiny random weights)
 
 
 def main(argv: list[str]) -> int:
@@ -90,8 +92,8 @@ def version_ok(got: str | None, want: str) -> bool:
 
 def _run_step(step: str) -> dict:
     try:
-        ok, detail = {"sdk": _sdk, "topk": _topk, "toy": _toy, "tp1": lambda: _tiny("gemma4-e2b-tiny", 1),
-                      "tp2": lambda: _tiny("gemma4-e4b-tiny", 2)}[step]()
+        ok, detail = {"sdk": _sdk, "topk": _topk, "toy": _toy, "tp1": lambda: tiny("gemma4-e2b-tiny", 1),
+                      "tp2": lambda: tiny("gemma4-e4b-tiny", 2)}[step]()
     except Exception as e:  # a smoke test reports, it does not stop at the first failure
         ok, detail = False, f"{type(e).__name__}: {e}"
     return {"ok": ok, "detail": detail}
@@ -205,62 +207,3 @@ def _toy() -> tuple[bool, str]:
             worst = max(worst, (got.float() - want.float()).abs().max().item())
     return worst < 1e-3, (f"3 calls over 2 graphs sharing state: max |device - cpu| = {worst:.2e}; "
                           f"weights {sorted(names)}")
-
-
-def _tiny(name: str, tp: int) -> tuple[bool, str]:
-    from compile.build import build
-    from neuron_workers.backends.recorder import LogitsRecorder, replay
-    from neuron_workers.config import EngineConfig
-    from neuron_workers.engine.params import SamplingParams
-    from neuron_workers.factory import build_engine
-    from neuron_workers.testing.tiny import write_tiny
-
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = write_tiny(Path(tmp), name)
-        art = Path(tmp) / "art"
-        build(EngineConfig(str(ckpt), "neuron", tp, 64, (16, 32), "bfloat16", artifacts=str(art), max_batch=2),
-              progress=lambda m: None, jobs=1)
-        prompts = [[2] + list(range(40, 59)), [2] + list(range(100, 119))]  # 20 tokens: the ring of 8 wraps
-        cpu = build_engine(EngineConfig(model=str(ckpt), max_context=64, prefill_buckets=(16, 32), max_batch=2,
-                                        dtype="bfloat16"))
-        rec = LogitsRecorder(cpu.backend, keep_inputs=True)
-        cpu.backend = rec
-        seqs = [cpu.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
-        list(cpu.run_all(seqs))
-        cpu.close()
-        device = build_engine(EngineConfig(model=str(ckpt), backend="neuron", tp=tp, artifacts=str(art)))
-        got = replay(device.backend, rec)  # the CPU's inputs, call by call: teacher forcing
-        has_top = device.backend.candidates > 0
-        top = _tokens(device, prompts)  # the `decode` graph: greedy rows read its top-K candidates
-        device.backend = LogitsRecorder(device.backend)  # the recorder asks for `decode_logits` every step
-        full = _tokens(device, prompts)
-        device.close()
-    ok, msg = compare_logits([w for _, w in rec.calls], got, f"tp={tp}: ")
-    agree = ("tokens equal" if top == full else "tokens DIFFER") if has_top else "MISSING"
-    return ok and has_top and top == full, f"{msg}; top-K decode graph vs decode_logits: {agree}"
-
-
-def _tokens(engine, prompts) -> list[list[int]]:
-    from neuron_workers.engine.params import SamplingParams
-
-    seqs = [engine.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
-    out = {s.seq_id: [] for s in seqs}
-    for ev in engine.run_all(seqs):
-        out[ev.seq_id].append(ev.token_id)
-    return [out[s.seq_id] for s in seqs]
-
-
-def compare_logits(want: list, got: list, label: str = "") -> tuple[bool, str]:
-    """Per call: max |logit diff| within LOGIT_TOL, and the same argmax in every row whose top two logits
-    (reference) are further apart than 2 * LOGIT_TOL (closer rows are near-ties that bf16 may flip)."""
-    worst, clear, same = 0.0, 0, 0
-    for w, g in zip(want, got):
-        w, g = w.float(), g.float()
-        worst = max(worst, (w - g).abs().max().item())
-        top2 = w.topk(2, dim=-1).values
-        decided = (top2[:, 0] - top2[:, 1]) > 2 * LOGIT_TOL
-        clear += int(decided.sum())
-        same += int((decided & (w.argmax(-1) == g.argmax(-1))).sum())
-    ok = len(want) == len(got) and worst < LOGIT_TOL and same == clear
-    return ok, (f"{label}{len(got)} calls teacher-forced, max |logit diff| {worst:.3f} (tolerance {LOGIT_TOL}); "
-                f"argmax equal in {same}/{clear} clear rows")

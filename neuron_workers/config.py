@@ -40,6 +40,10 @@ class EngineConfig:
     threads: int | None = 1  # torch host threads for this process; None leaves torch's default
     prefill_chunk: int | None = None  # prompts longer than this prefill in chunks (extend graph); 0: never;
     # None: the backend's default (PREFILL_CHUNK_DEFAULTS), at most the sliding ring
+    prefix_cache: bool = True  # a finished sequence's slot keeps its KV; a prompt sharing its prefix prefills the
+    # rest only (engine/prefix_cache.py; needs an extend graph: off for artifacts built without one)
+    speculative_method: str | None = None  # "ngram": prompt-lookup drafts verified by the extend graph
+    num_speculative_tokens: int | None = None  # drafts per row and step (default 4 with a method; <= ring slack)
 
     def __post_init__(self):
         _one_of("backend", self.backend, BACKENDS)
@@ -52,6 +56,7 @@ class EngineConfig:
             raise UserError(f"threads must be >= 1, got {self.threads}", param="threads")
         if self.prefill_chunk is not None and self.prefill_chunk < 0:
             raise UserError(f"prefill_chunk must be >= 0 (0: off), got {self.prefill_chunk}", param="prefill_chunk")
+        _check_speculative(self.speculative_method, self.num_speculative_tokens)
         if self.max_context is not None and self.max_context < 2:
             raise UserError(f"max_context must be >= 2, got {self.max_context}", param="max_context")
         if self.prefill_buckets is not None:
@@ -90,9 +95,35 @@ def check_tp(tp: int) -> None:
         raise UserError(f"tensor-parallel degree {tp} is not supported; use one of {SUPPORTED_TP}", param="tp")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+DEFAULT_SPECULATIVE_TOKENS = 4
+
+
+def _check_speculative(method: str | None, k: int | None) -> None:
+    if method is not None:
+        _one_of("speculative_method", method, SPECULATIVE_METHODS)
+    if k is not None and (not isinstance(k, int) or k < 0):
+        raise UserError(f"num_speculative_tokens must be an integer >= 0, got {k!r}", param="num_speculative_tokens")
+    if k and method is None:
+        raise UserError("num_speculative_tokens needs a speculative_method (ngram)", param="speculative_method")
+
+
+def speculative_tokens(cfg: "EngineConfig") -> int:
+    """Drafts per row and step: 0 without a method, else the configured number or the default."""
+    if cfg.speculative_method is None:
+        return 0
+    return DEFAULT_SPECULATIVE_TOKENS if cfg.num_speculative_tokens is None else cfg.num_speculative_tokens
+
+
 def _one_of(name: str, value, allowed: tuple) -> None:
     if value not in allowed:
         raise UserError(f"unknown {name} {value!r}; use one of {', '.join(map(str, allowed))}", param=name)
+
+
+def resolve_extend_t(chunk: int, backend: str, ring: int, max_context: int) -> int:
+    """T of the extend graph: the prefill chunk, or (chunking off) the backend's default chunk at most the
+    ring, which the rest of a reused prefix goes through."""
+    return chunk or min(PREFILL_CHUNK_DEFAULTS[backend], ring, max_context)
 
 
 def resolve_prefill_chunk(value: int | None, backend: str, ring: int, max_context: int) -> int:

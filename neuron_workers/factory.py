@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from neuron_workers.config import EngineConfig, resolve_context, resolve_prefill_chunk
+from neuron_workers.config import (
+    EngineConfig,
+    resolve_context,
+    resolve_extend_t,
+    resolve_prefill_chunk,
+    speculative_tokens,
+)
 from neuron_workers.engine.engine import Engine
+from neuron_workers.engine.speculate import check_speculative_tokens
 from neuron_workers.errors import UserError
 from neuron_workers.model.host_inputs import default_buckets
 from neuron_workers.model.loader import DTYPES, load_model
@@ -20,7 +27,9 @@ def build_engine(cfg: EngineConfig) -> Engine:
         from neuron_workers.artifacts.load import load_from_artifacts
 
         model, backend = load_from_artifacts(cfg)
-        return Engine(model, backend)
+        built = max(backend.extend_buckets, default=0)  # T of the extend graph the build traced, if any
+        return Engine(model, backend, prefill_chunk=0 if cfg.prefill_chunk == 0 else built,
+                      prefix_cache=cfg.prefix_cache, extend_t=built, speculative_tokens=speculative_tokens(cfg))
     if cfg.backend == "xla":
         from neuron_workers.backends.xla import require_xla
 
@@ -30,6 +39,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
                             "backend')", param="tp")
     model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
+    check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx)
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
     if cfg.backend == "xla":
         from neuron_workers.backends.xla import XlaBackend
@@ -45,10 +55,12 @@ def build_engine(cfg: EngineConfig) -> Engine:
 
         backend = CpuBackend(model.hf_lm, model.dims, ctx, buckets, DTYPES[cfg.dtype], cfg.cpu_mode,
                              max_batch=cfg.batch)
-    chunk = resolve_prefill_chunk(cfg.prefill_chunk, "tp" if cfg.tp > 1 else cfg.backend, model.dims.ring_size(ctx),
-                                  ctx)
-    backend.extend_buckets = (chunk,) if chunk else ()
-    return Engine(model, backend, prefill_chunk=chunk)
+    kind, ring = "tp" if cfg.tp > 1 else cfg.backend, model.dims.ring_size(ctx)
+    chunk = resolve_prefill_chunk(cfg.prefill_chunk, kind, ring, ctx)
+    extend_t = resolve_extend_t(chunk, kind, ring, ctx) if chunk or cfg.prefix_cache else 0
+    backend.extend_buckets = (extend_t,) if extend_t else ()
+    return Engine(model, backend, prefill_chunk=chunk, prefix_cache=cfg.prefix_cache, extend_t=extend_t,
+                  speculative_tokens=speculative_tokens(cfg))
 
 
 def resolve_buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:

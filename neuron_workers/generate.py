@@ -54,6 +54,12 @@ def parse_args(argv):
     ap.add_argument("--prefill-chunk", type=int,
                     help="prefill prompts longer than N in chunks of N, between decode steps (0: off; default: "
                          "the backend's, see neuron_workers.config.PREFILL_CHUNK_DEFAULTS)")
+    ap.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                    help="prefill every prompt whole (default: a prompt that starts as an earlier sequence did "
+                         "reuses the KV its slot kept)")
+    ap.add_argument("--speculative-method", choices=["ngram"],
+                    help="speculative decoding: ngram = prompt-lookup drafts, verified by the target model")
+    ap.add_argument("--num-speculative-tokens", type=int, help="drafts per step (default 4 with a method)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     args = ap.parse_args(argv)
     if not args.prompt and not args.prompt_ids:
@@ -73,7 +79,9 @@ def run(args) -> list[dict]:
     engine = build_engine(EngineConfig(model=args.model, backend=args.backend, tp=args.tp,
                                        max_context=args.max_context, dtype=args.dtype, cpu_mode=args.cpu_mode,
                                        artifacts=args.artifacts, threads=args.threads,
-                                       prefill_chunk=args.prefill_chunk,
+                                       prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache,
+                                       speculative_method=args.speculative_method,
+                                       num_speculative_tokens=args.num_speculative_tokens,
                                        max_batch=args.max_batch or (None if args.artifacts else 1)))
     try:
         if args.prompt:

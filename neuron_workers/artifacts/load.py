@@ -1,11 +1,14 @@
 """Serving from artifacts: read the manifest, refuse a mismatch (config, shapes, versions) with a message
-naming it, and build the backend the artifacts were made for (with the loaded model it serves)."""
+naming it, and build the backend the artifacts were made for (with the loaded model it serves), its
+`extend_buckets` the T of the extend graphs built (`manifest.serving_chunk`: none for artifacts built before
+them; a `prefill_chunk` asked for must be one of them); speculative decoding needs its verify graph."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_workers.artifacts.manifest import Manifest
+from neuron_workers.artifacts.manifest import Manifest, serving_chunk
+from neuron_workers.config import speculative_tokens
 from neuron_workers.errors import UserError
 from neuron_workers.model.loader import DTYPES, LoadedModel, load_model
 
@@ -18,6 +21,7 @@ def load_from_artifacts(cfg) -> tuple[LoadedModel, object]:
     loaded = load_model(cfg.model, DTYPES[manifest.dtype], with_weights=manifest.backend == "cpu")
     manifest.check(loaded.info.text_config, tp=cfg.tp, max_context=cfg.max_context, max_batch=cfg.max_batch,
                    prefill_buckets=list(cfg.prefill_buckets) if cfg.prefill_buckets else None)
+    chunks = serving_chunk(manifest, cfg.prefill_chunk, loaded.dims.ring_size(manifest.max_context))
     art = Path(cfg.artifacts)
     if manifest.backend == "cpu":
         import torch
@@ -33,4 +37,14 @@ def load_from_artifacts(cfg) -> tuple[LoadedModel, object]:
 
         plan = plan_for(loaded.info.text_config, manifest.tp)
         backend = NeuronBackend(art, loaded.dims, manifest, plan.kv_heads if manifest.tp > 1 else None)
+    backend.extend_buckets = chunks
+    check_verify(manifest, speculative_tokens(cfg))
     return loaded, backend
+
+
+def check_verify(manifest: Manifest, k: int) -> None:
+    """Speculative decoding with k drafts needs the verify graph the build traced for it."""
+    if k and [manifest.max_batch, k + 1, "all"] not in [list(s) for s in manifest.extend_graphs]:
+        raise UserError(f"the artifacts have no verify graph for num_speculative_tokens {k} (extend_"
+                        f"{manifest.max_batch}x{k + 1}_all): rebuild with `compile build --num-speculative-tokens "
+                        f"{k}` or turn speculative decoding off", param="num_speculative_tokens")

@@ -1,6 +1,11 @@
 """The artifact manifest: every field that shapes a compiled graph, plus the library versions it was
 built with. `compile build` writes it; serving (runtime work, so it lives here) refuses artifacts whose
-manifest does not match its checkpoint config, its settings or the installed versions, naming the field."""
+manifest does not match its checkpoint config, its settings or the installed versions, naming the field.
+
+Extend graphs (`extend_graphs`, [rows, t, variant] each, `backends.neuron.ExtendShape`) and the chunk sizes
+chunked prefill may use with them (`extend_buckets`) came after format 3 without changing it: a manifest
+written before them reads as one with none (chunked prefill stays off), and a `prefill_chunk` asked for must be
+among them (`serving_chunk`)."""
 
 from __future__ import annotations
 
@@ -51,6 +56,8 @@ class Manifest:
     versions: dict[str, str | None]
     graphs: dict[str, str] = field(default_factory=dict)  # tag -> file, relative to the artifact dir
     format: int = FORMAT
+    extend_graphs: list[list] = field(default_factory=list)  # [rows, t, variant] of every extend graph built
+    extend_buckets: list[int] = field(default_factory=list)  # T of the chunked-prefill graphs (extend_1xT, _logits)
 
     def write(self, out_dir: Path) -> Path:
         path = Path(out_dir) / MANIFEST
@@ -87,3 +94,17 @@ class Manifest:
         want = {f"prefill_{b}" for b in self.prefill_buckets} | {"decode", "decode_logits"}
         if want - set(self.graphs):
             raise UserError(f"artifacts lack the graphs {sorted(want - set(self.graphs))}: rebuild them")
+
+
+def serving_chunk(manifest: Manifest, prefill_chunk: int | None, ring: int) -> tuple[int, ...]:
+    """The T of the extend graphs an engine served from `manifest` may run (`Backend.extend_buckets`): the built
+    ones. A `prefill_chunk` asked for (clamped to the ring and the context, as `config.resolve_prefill_chunk`
+    clamps it) must be one of them: a UserError naming the field otherwise. 0 (chunking off) keeps them: the
+    engine decides what it uses them for."""
+    built = tuple(manifest.extend_buckets)
+    want = min(prefill_chunk or 0, ring, manifest.max_context)
+    if want and want not in built:
+        raise UserError(f"artifacts were built with extend graphs for prefill_chunk {list(built) or 'none'}, "
+                        f"this request asks for {want}: rebuild with `compile build --prefill-chunk {want}` or "
+                        f"change prefill_chunk", param="prefill_chunk")
+    return built

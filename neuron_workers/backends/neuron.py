@@ -1,4 +1,6 @@
-"""Neuron backend: runs graphs compiled by neuronx-cc (through NxD ModelBuilder V2) on NeuronCores.
+"""Neuron backend: runs graphs compiled by neuronx-cc (through NxD ModelBuilder V2) on NeuronCores. Also owns the
+list of graphs a Neuron build makes (`NeuronSpecs.graph_specs`: prefill buckets, both decodes and the extend
+shapes, `ExtendShape`), so what `neuron_build` traces is what this backend asks for, from one code path.
 
 The only modules (with neuron_build.py) that import torch_neuronx / neuronx_distributed, and only
 inside functions. WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND THE SDK DOCS, NOT RUN ON HARDWARE HERE:
@@ -6,21 +8,24 @@ tests/doubles/neuron_double.py stands in for the SDK and rejects what the real o
 
 Design (one path for tp=1 and tp=2):
 - the traced module is `model.graph_model.NeuronGraphModel`: KV buffers as registered state, updated
-  from their old value, shared by every prefill bucket and the decode graph (no KV crosses the host);
+  from their old value, shared by every prefill bucket, both decode graphs and the extend graphs (no KV
+  crosses the host);
 - TP: the same `parallel.shard_plan` / `parallel.layers.apply_tp` as the CPU path, with NxD's
   collectives at the same points (`parallel.collectives.NxdCollectives`);
 - flags: --model-type=transformer --auto-cast=none --enable-saturate-infinity --target inf2, -O1 for
-  prefill, -O2 for decode (NxDI's choice: decode is latency bound). Compiling needs a Neuron host.
+  prefill and the chunk-sized extend graphs, -O2 for decode and per-position (verify) extend graphs (NxDI's
+  choice: decode is latency bound). Compiling needs a Neuron host.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE
-from neuron_workers.model.spec import DECODE, PREFILL, GraphSpec
+from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, GraphSpec
 
 INSTALL_HINT = ("the neuron backend needs the Neuron SDK 2.31 on an inf2 host: pip install --extra-index-url "
                 "https://pip.repos.neuron.amazonaws.com -e '.[neuron]' (torch-neuronx 2.9.0.2.15.32035, "
@@ -28,6 +33,42 @@ INSTALL_HINT = ("the neuron backend needs the Neuron SDK 2.31 on an inf2 host: p
 BASE_FLAGS = "--model-type=transformer --auto-cast=none --enable-saturate-infinity --target inf2"
 PHASE_FLAGS = {PREFILL: f"{BASE_FLAGS} -O1", DECODE: f"{BASE_FLAGS} -O2"}
 MODEL_FILE, WEIGHTS_DIR = "nxd_model.pt", "weights"
+LAST, LOGITS, ALL = "last", "logits", "all"  # extend variants: last position's top-K, its logits, every position's
+
+
+class ExtendShape(NamedTuple):
+    """One extend graph a build makes: `rows` x `t` new tokens, `variant` LAST (`extend_{R}x{T}`: top-K
+    candidates of each row's last real position), LOGITS (`_logits`) or ALL (`_all`: every position's
+    candidates, the verify step of speculative decoding). The manifest keeps them as [rows, t, variant]."""
+
+    rows: int
+    t: int
+    variant: str = LAST
+
+    def spec(self, backend: GraphBackend) -> GraphSpec:
+        if self.variant not in (LAST, LOGITS, ALL):
+            raise ValueError(f"unknown extend variant {self.variant!r}: {LAST}, {LOGITS} or {ALL}")
+        return backend.extend_spec(self.t, self.rows, logits=self.variant == LOGITS, per_position=self.variant == ALL)
+
+
+def chunk_shapes(chunk: int) -> list[ExtendShape]:
+    """The extend graphs chunked prefill needs for chunk size `chunk` (0: none): one row, the last position's
+    candidates, and its logits for the rows that need the whole distribution."""
+    return [ExtendShape(1, chunk, LAST), ExtendShape(1, chunk, LOGITS)] if chunk else []
+
+
+def verify_shapes(batch: int, k: int) -> list[ExtendShape]:
+    """The verify graph of speculative decoding with k drafts (0: none): every slot, k + 1 positions, every
+    position's candidates (`engine/speculate.py`)."""
+    return [ExtendShape(batch, k + 1, ALL)] if k else []
+
+
+def graph_flags(spec: GraphSpec) -> str:
+    """neuronx-cc flags of one graph: -O1 for prefill and chunk extends (compute bound), -O2 for decode and the
+    per-position (verify) extends (a few tokens a row: latency bound, as decode)."""
+    if spec.phase == EXTEND:
+        return PHASE_FLAGS[DECODE if spec.per_position else PREFILL]
+    return PHASE_FLAGS[spec.phase]
 
 
 def require_neuron():
@@ -40,10 +81,21 @@ def require_neuron():
     return torch_neuronx, neuronx_distributed
 
 
-class NeuronBackend(GraphBackend):
-    """Runs compiled artifacts: one NxDModel holding every graph, KV state on the device."""
+class NeuronSpecs(GraphBackend):
+    """The graph specs of a Neuron build (int32 ids, a TP rank's KV heads), without running anything."""
 
     id_dtype = ID_DTYPE
+
+    def graph_specs(self, extend=()) -> list[GraphSpec]:
+        """Every graph, in trace order: the prefill buckets, `decode_logits`, the top-K `decode`, then the extend
+        shapes (`ExtendShape`) in the order given."""
+        specs = [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]
+        specs += [self.spec(DECODE, 1, self.candidates)] if self.candidates else []
+        return specs + [ExtendShape(*s).spec(self) for s in extend]
+
+
+class NeuronBackend(NeuronSpecs):
+    """Runs compiled artifacts: one NxDModel holding every graph, KV state on the device."""
 
     def __init__(self, art_dir: str | Path, dims, manifest, kv_heads=None):
         from neuron_workers.model.loader import DTYPES
@@ -51,6 +103,9 @@ class NeuronBackend(GraphBackend):
         torch_neuronx, nxd = require_neuron()
         super().__init__(dims, manifest.max_context, manifest.prefill_buckets, manifest.max_batch,
                          DTYPES[manifest.dtype], kv_heads)
+        self.extend_shapes = [ExtendShape(*s) for s in manifest.extend_graphs]
+        self.graphs = set(manifest.graphs)  # the tags built (Manifest.check: every bucket and both decodes)
+        self.extend_buckets = check_extend(self, self.graphs, self.extend_shapes, manifest.extend_buckets)
         art_dir = Path(art_dir)
         from safetensors.torch import load_file
 
@@ -61,9 +116,14 @@ class NeuronBackend(GraphBackend):
         self.model.set_weights([load_file(str(art_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
                                 for r in range(manifest.tp)])
         self.model.to_neuron()
-        self._warm_up()  # the manifest lists every graph (Manifest.check): prefill buckets and both decodes
+        self._warm_up()
 
     def _run(self, spec: GraphSpec, inputs):
+        """One graph, chosen by its tag (NxDModel's key: `prefill_N`, `decode`, `decode_logits`, `extend_RxT...`)."""
+        if spec.tag not in self.graphs:
+            raise RuntimeError(f"these artifacts have no graph {spec.tag} (built: {', '.join(sorted(self.graphs))})"
+                               + (f": rebuild with `compile build --prefill-chunk {spec.seq_len}`"
+                                  if spec.phase == EXTEND else ""))
         out = self.model.forward(*inputs, model_name=spec.tag)
         if not isinstance(out, (tuple, list)):
             return out
@@ -71,10 +131,20 @@ class NeuronBackend(GraphBackend):
 
     def _warm_up(self) -> None:
         """Run every graph once (the first call of each is slow); KV rows written here are replaced by the
-        first prefill into them, and masks hide everything a row has not written."""
-        specs = [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]
-        for spec in specs + ([self.spec(DECODE, 1, self.candidates)] if self.candidates else []):
+        first prefill into them, masks hide everything a row has not written (an extend of zeros writes one token at
+        position 0 of slot 0, which the first prefill or chunk into that slot rewrites)."""
+        for spec in self.graph_specs(self.extend_shapes):
             self._run(spec, tuple(t.zeros() for t in spec.host_inputs))
 
     def close(self) -> None:
         self.model = None
+
+
+def check_extend(specs: NeuronSpecs, graphs: set[str], shapes: list[ExtendShape], buckets) -> tuple[int, ...]:
+    """A manifest's chunk sizes `buckets`, after checking that every extend graph it lists is among the `graphs`
+    built and that each chunk has both its graphs (`chunk_shapes`); a UserError naming what is missing otherwise."""
+    missing = sorted({s.spec(specs).tag for s in shapes} - set(graphs))
+    missing += [f"{t} ({s.variant})" for t in buckets for s in chunk_shapes(t) if s not in shapes]
+    if missing:
+        raise UserError(f"the artifacts' manifest lists extend graphs that were not built: {missing}: rebuild them")
+    return tuple(buckets)

@@ -1,9 +1,10 @@
-"""Building Neuron artifacts with NxD ModelBuilder V2: trace each prefill bucket and the decode step from
-one `NeuronGraphModel` (so all graphs share the device KV state), check what each trace took as weights
-and as state against what we save, compile with per-phase flags and a bound on parallel compiler jobs
+"""Building Neuron artifacts with NxD ModelBuilder V2: trace each prefill bucket, both decode graphs and the
+extend graphs asked for (`neuron.ExtendShape`: chunked prefill's `extend_1xT` and `extend_1xT_logits`; later the
+verify shape) from one `NeuronGraphModel` (so all graphs share the device KV state), check what each trace took as
+weights and as state against what we save, compile with per-graph flags and a bound on parallel compiler jobs
 (`neuron_compile`: the riskiest graph first, every NEFF kept so a retry resumes), and save the NxDModel plus
-each rank's weights. The `decode` graph's top-K is the graphs' tiled one (`model.tiled_topk`) with the SDK's
-TopK per tile (`neuron_topk`).
+each rank's weights. The top-K of `decode` and of the extend graphs is the graphs' tiled one
+(`model.tiled_topk`) with the SDK's TopK per tile (`neuron_topk`).
 
 WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/doubles/neuron_double.py
 stands in for the SDK and enforces the rules the real one does. Compiling needs a Neuron host:
@@ -16,11 +17,10 @@ from pathlib import Path
 
 import torch
 
-from neuron_workers.backends.neuron import MODEL_FILE, PHASE_FLAGS, WEIGHTS_DIR, require_neuron
+from neuron_workers.backends.neuron import MODEL_FILE, WEIGHTS_DIR, NeuronSpecs, graph_flags, require_neuron
 from neuron_workers.backends.neuron_compile import CACHE_DIR, WORK_DIR, compile_graphs, risk_order
 from neuron_workers.errors import UserError
-from neuron_workers.model.graph_model import ID_DTYPE, NeuronGraphModel, graph_model, make_buffers_persistent
-from neuron_workers.model.spec import DECODE, PREFILL, decode_candidates, make_spec
+from neuron_workers.model.graph_model import NeuronGraphModel, graph_model, make_buffers_persistent
 from neuron_workers.parallel.collectives import NxdCollectives
 
 INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
@@ -28,9 +28,10 @@ EMBEDDING_KEYS = ("embed_tokens.weight", "lm_head.weight", "lm_head.embedding.we
 
 
 def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir: Path, progress,
-                 jobs: int = 1, resume_hint: str = "") -> dict[str, str]:
-    """Compile (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a retry) and save;
-    returns the compiler flags per graph tag."""
+                 jobs: int = 1, resume_hint: str = "", extend=()) -> dict[str, str]:
+    """Trace the prefill `buckets`, both decodes and the `extend` shapes (`neuron.ExtendShape`s), compile
+    (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a retry) and save; returns the
+    compiler flags per graph tag."""
     _, nxd = require_neuron()
     from safetensors.torch import save_file
 
@@ -42,9 +43,8 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
     full = dict(loaded.hf_lm.state_dict())  # unsharded weights (+ RoPE tables, embed scale), serving dtype
     plan = plan_for(loaded.info.text_config, tp)
     kv_heads = plan.kv_heads if tp > 1 else None
-    specs = [make_spec(dims, PREFILL, batch, b, max_context, dtype, ID_DTYPE, kv_heads) for b in buckets]
-    specs.append(make_spec(dims, DECODE, batch, 1, max_context, dtype, ID_DTYPE, kv_heads))
-    specs.append(make_spec(dims, DECODE, batch, 1, max_context, dtype, ID_DTYPE, kv_heads, decode_candidates(dims)))
+    # the very specs NeuronBackend asks for at run time (one code path: NeuronSpecs.graph_specs)
+    specs = NeuronSpecs(dims, max_context, buckets, batch, dtype, kv_heads).graph_specs(extend)
     with nxd.NxDParallelState(world_size=tp, rank=0, tensor_model_parallel_size=tp, lnc_size=1):
         if tp > 1:
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
@@ -53,7 +53,8 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
-            model.candidates = spec.candidates  # decode and decode_logits share inputs: the variant is set here
+            # decode / decode_logits (and each extend shape's variants) share inputs: the variant is set here
+            model.candidates, model.per_position = spec.candidates, spec.per_position
             builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag=spec.tag)
         weights = [rank_state_dict(model, full, plan, r) for r in range(tp)]
         traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
@@ -61,7 +62,7 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         if len(copies) > 1:  # compile plan counts one; graph_model.TiedHead is there to keep it one
             progress(f"warning: the traces take the tied embedding {len(copies)} times ({copies}): "
                      f"{len(copies) - 1} extra vocab x hidden copies of HBM per core that compile plan does not count")
-        flags = {spec.tag: PHASE_FLAGS[spec.phase] for spec in specs}
+        flags = {spec.tag: graph_flags(spec) for spec in specs}
         progress(f"compiling {len(specs)} graphs with neuronx-cc: {risk_order(flags)[0]} first and alone, then "
                  f"{jobs} at a time (minutes to tens of minutes each; logs in {out_dir / WORK_DIR}, compiled graphs "
                  f"kept in {out_dir / CACHE_DIR}); {len(persistent)} non-persistent buffers saved")

@@ -1,5 +1,7 @@
-"""Compiling a build's traced graphs: riskiest first and alone, then the rest; every NEFF kept in a cache keyed
-by graph, HLO, flags and compiler version, so a failed or interrupted build resumes where it stopped.
+"""Compiling a build's traced graphs: riskiest first and alone (`decode`), then the rest (`risk_order`: the other
+decode, the extend graphs, the prefill buckets); every NEFF kept in a cache keyed by graph, HLO, flags and compiler
+version, so a failed or interrupted build resumes where it stopped (a build that adds graphs, such as extend graphs
+for a chunk size, compiles only those).
 
 This replaces `ModelBuilder.compile`, which compiles every graph in its pool before it raises (a failing
 graph is known only at the end) and runs neuronx-cc with `use_cache=False` (a retry recompiles all). We call
@@ -15,6 +17,7 @@ cache misses and the graph is compiled again (time lost, never a wrong NEFF: the
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -26,13 +29,24 @@ from neuron_workers.model.spec import DECODE, DECODE_LOGITS
 CACHE_DIR, WORK_DIR = "neff_cache", "compiler_workdir"
 LOG_FILE = "log-neuron-cc.txt"  # NxD's ModelBuilderConstants.LOG_FILE_DEFAULT_NAME, in workdir/<tag>/<timestamp>/
 LOG_TAIL_LINES = 25
+EXTEND_TAG = re.compile(r"extend_(\d+)x(\d+)(_logits|_all)?")  # spec.GraphSpec.tag of an extend graph
+PREFILL_TAG = re.compile(r"prefill_(\d+)")
 
 
 def risk_order(tags) -> list[str]:
     """The order to compile in: `decode` (the top-K graph at the configured batch and the real vocabulary:
-    the one most likely to be refused), `decode_logits`, then the prefill buckets, largest first."""
-    rank = {DECODE: (0, 0), DECODE_LOGITS: (1, 0)}
-    return sorted(tags, key=lambda t: rank.get(t, (2, -int(t.rsplit("_", 1)[-1]) if t[-1].isdigit() else 0)))
+    the one most likely to be refused), `decode_logits`, the extend graphs (largest rows x T first, each
+    shape's top-K variants before its `_logits`; by tag at a tie), then the prefill buckets, largest first."""
+    def rank(tag: str) -> tuple:
+        if tag in (DECODE, DECODE_LOGITS):
+            return (0 if tag == DECODE else 1, 0, False, tag)
+        m = EXTEND_TAG.fullmatch(tag)
+        if m:
+            return (2, -int(m[1]) * int(m[2]), m[3] == "_logits", tag)
+        m = PREFILL_TAG.fullmatch(tag)
+        return (3, -int(m[1]) if m else 0, False, tag)
+
+    return sorted(tags, key=rank)
 
 
 def cache_key(tag: str, hlo, flags: str, compiler: str) -> str:

@@ -2,7 +2,10 @@
 
 `add` queues a sequence, `cancel` drops one, `step` does one round: admit waiting sequences into free
 slots (each prefilled on its own, batch 1, into its slot; with `prefill_chunk` a longer prompt goes through
-the extend graph one chunk a step, `scheduler.prefill_work`), then one decode step over every running row,
+the extend graph one chunk a step, `scheduler.prefill_work`; with `prefix_cache` a slot keeps its KV when its
+sequence ends and a prompt starting with the same tokens prefills only the rest: `engine/prefill.py`,
+`engine/prefix_cache.py`), then one decode step over every running row (with `speculative_tokens`, a
+verify step of prompt-lookup drafts instead: `engine/speculate.py`),
 per-row sampling, stop rules and detokenization; it returns the step's events. The engine owns host-side
 work only (PLE lookup, masks, sampling, stops, detokenization); the backend owns the graphs and the KV
 buffers. It is not thread-safe: one thread drives it (`loop.EngineLoop` in a server; `generate`
@@ -23,28 +26,35 @@ from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
 from neuron_workers.engine.grammar import GrammarError, Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.prefill import Prefills
+from neuron_workers.engine.prefix_cache import PrefixCache
 from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_logits, sample_rows
 from neuron_workers.engine.scheduler import Scheduler
 from neuron_workers.engine.sequence import Sequence
+from neuron_workers.engine.speculate import Speculation, check_speculative_tokens
 from neuron_workers.engine.stops import StopStrings
 from neuron_workers.engine.texts import Texts
 from neuron_workers.errors import ContextLengthError, UserError
-from neuron_workers.model.extend_inputs import extend_inputs
-from neuron_workers.model.host_inputs import DecodeBatch, choose_bucket, prefill_inputs
-from neuron_workers.model.spec import DECODE, PREFILL
+from neuron_workers.model.host_inputs import DecodeBatch
+from neuron_workers.model.spec import DECODE
 
 log = logging.getLogger(__name__)
 
 
-class Engine(Texts):
-    def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None, prefill_chunk: int = 0):
+class Engine(Texts, Prefills, Speculation):
+    def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None, prefill_chunk: int = 0,
+                 prefix_cache: bool = False, extend_t: int = 0, speculative_tokens: int = 0):
         self.model, self.backend = model, backend
         self.dims, self.tokenizer = model.dims, model.tokenizer
         self.max_context, self.max_batch = backend.max_context, backend.max_batch
         self.batch = DecodeBatch(backend.spec(DECODE), model.ple, self.dims.sliding_window)
         self.prefill_chunk = prefill_chunk  # 0: whole prompts; else longer ones go through the extend graph
+        self.extend_t = prefill_chunk or extend_t  # T of the extend graph (chunks, and the rest of a reused prefix)
+        self.prefix = PrefixCache(self.batch.window, self.batch.ring) if prefix_cache and self.extend_t else None
         budget = prefill_tokens_per_step or (prefill_chunk + self.max_batch if prefill_chunk else max(backend.buckets))
-        self.scheduler = Scheduler(self.max_batch, budget, prefill_chunk)
+        self.scheduler = Scheduler(self.max_batch, budget, prefill_chunk, self.prefix, self.extend_t)
+        check_speculative_tokens(speculative_tokens, self.batch.ring, self.batch.window, self.max_context)
+        self.spec_k = speculative_tokens  # prompt-lookup drafts per row and step (engine/speculate.py)
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
 
@@ -107,7 +117,7 @@ class Engine(Texts):
         """Drop a waiting or running sequence; its slot is free for the next step. False if unknown."""
         seq = self.scheduler.cancel(seq_id)
         if seq is not None and seq.slot is not None:
-            self.batch.free(seq.slot)
+            self._vacate(seq.slot, seq)
         return seq is not None
 
     @property
@@ -119,46 +129,13 @@ class Engine(Texts):
         events: list[EngineEvent] = []
         decoding = sum(1 for s in self.scheduler.running.values() if s.output_ids)
         for seq, n in self.scheduler.prefill_work(decoding):
-            if n == len(seq.prompt_ids):
-                events.append(self._guard(seq, self._prefill))
-            else:
-                ev = self._guard(seq, lambda s, n=n: self._prefill_chunk(s, n))
-                events += [ev] if ev is not None else []
+            ev = self._guard(seq, lambda s, n=n: self._prefill_work(s, n))
+            events += [ev] if ev is not None else []
         running = [s for s in self.scheduler.running.values() if s.output_ids]
         self.last_decode_rows = len(running)
         if running:
-            events += self._decode(running)
+            events += self._speculate(running) if self.spec_k else self._decode(running)
         return events
-
-    def _prefill(self, seq: Sequence) -> TokenEvent:
-        ids = seq.prompt_ids
-        bucket = choose_bucket(len(ids), self.backend.buckets)
-        spec = self.backend.spec(PREFILL, bucket)
-        inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
-        logits = self.backend.prefill(bucket, inputs)
-        self.scheduler.prefilled(seq, len(ids))
-        self.batch.start(seq.slot, len(ids))
-        return self._emit(seq, self._sample(logits, [(0, seq)])[0])
-
-    def _prefill_chunk(self, seq: Sequence, n: int) -> TokenEvent | None:
-        """The next `n` prompt tokens of `seq` through the extend graph (T = prefill_chunk, one row); the
-        last chunk samples the first token, the others leave the slot parked (its decode row writes only
-        where the next chunk writes)."""
-        start = seq.prefilled
-        last = start + n == len(seq.prompt_ids)
-        rows = self._rows([(0, seq)]) if last else []
-        k = self.backend.candidates
-        logits = not k or any(needs_logits(r, k) for r in rows if isinstance(r, Row))
-        spec = self.backend.extend_spec(self.prefill_chunk, 1, logits=logits)
-        inputs = extend_inputs(spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
-                               self.dims.sliding_window)
-        scores = self.backend.extend(spec, inputs)
-        self.scheduler.prefilled(seq, n)
-        if not last:
-            self.batch.park(seq.slot, seq.prefilled)
-            return None
-        self.batch.start(seq.slot, len(seq.prompt_ids))
-        return self._emit(seq, self._pick(scores, rows)[0])
 
     def _decode(self, running: list[Sequence]) -> list[EngineEvent]:
         try:
@@ -224,14 +201,14 @@ class Engine(Texts):
 
     def _fail(self, seq: Sequence, e: Exception) -> ErrorEvent:
         seq.finish_reason = "error"
-        self._release(seq)
+        self._release(seq, keep=False)  # a failed step may have left anything in the slot
         param = getattr(e, "param", None)
         return ErrorEvent(seq.seq_id, str(e) if param else f"{type(e).__name__}: {e}", param)
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, keep: bool = True) -> None:
         self.scheduler.finish(seq)
         if seq.slot is not None:
-            self.batch.free(seq.slot)
+            self._vacate(seq.slot, seq if keep else None)
 
     # --- driving it from one thread ------------------------------------------------------------
     def run_all(self, seqs: list[Sequence]) -> Iterator[EngineEvent]:

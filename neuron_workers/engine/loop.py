@@ -61,6 +61,10 @@ class StepStats:
     waiting: int  # sequences queued for a slot
     decoded: int  # rows in the step's decode (batch occupancy)
     max_batch: int
+    prefix_query_tokens: int = 0  # since the engine started: prompt tokens admitted with prefix reuse on
+    prefix_hit_tokens: int = 0  # of which a kept slot held already
+    spec_draft_tokens: int = 0  # since the engine started: drafts verified
+    spec_accepted_tokens: int = 0  # of which kept
 
 
 class EngineLoop:
@@ -120,8 +124,11 @@ class EngineLoop:
 
     def _report(self, decoded: int) -> None:
         if self.on_step is not None:
-            s = self.engine.scheduler
-            self.on_step(StepStats(len(s.running), len(s.waiting), decoded, self.engine.max_batch))
+            s, p = self.engine.scheduler, getattr(self.engine, "prefix", None)
+            e = self.engine
+            self.on_step(StepStats(len(s.running), len(s.waiting), decoded, e.max_batch,
+                                   p.query_tokens if p else 0, p.hit_tokens if p else 0,
+                                   getattr(e, "spec_draft_tokens", 0), getattr(e, "spec_accepted_tokens", 0)))
 
     def _deliver(self, events: list[EngineEvent]) -> None:
         for ev in events:

@@ -6,19 +6,27 @@ tokens a step (`prefill_work`), at most one chunk per step and one such prompt a
 budget (`prefill_tokens_per_step`) is shared by the decoding rows (one token each) and the prefill work,
 which always gets one unit (a chunk or a whole short prompt) so nothing starves; the waiting queue stays FIFO
 (a long prompt at its head waits while another one is chunking, and so do those behind it). Cancelling a
-chunking sequence frees its slot at the step boundary, as any other."""
+chunking sequence frees its slot at the step boundary, as any other.
+
+Prefix reuse (`prefix`, a `PrefixCache`): a waiting sequence is admitted into the free slot that already
+holds the longest usable prefix of its prompt (`seq.reused` tokens, counted as prefilled) and prefills the
+rest through the extend graph, `extend_t` tokens a step. Reuse only picks which free slot the head of the
+queue takes: admission order stays FIFO, so no waiting sequence is starved by it."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 
+from neuron_workers.engine.prefix_cache import PrefixCache
 from neuron_workers.engine.sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, prefill_tokens_per_step: int, chunk: int = 0):
+    def __init__(self, max_batch: int, prefill_tokens_per_step: int, chunk: int = 0,
+                 prefix: PrefixCache | None = None, extend_t: int = 0):
         self.prefill_tokens_per_step, self.chunk = prefill_tokens_per_step, chunk
+        self.prefix, self.extend_t = prefix, extend_t or chunk  # extend_t: T of the extend graph (reuse)
         self.chunking: Sequence | None = None  # admitted, its prompt partly prefilled (seq.prefilled)
         self.free_slots = list(range(max_batch))
         self.waiting: deque[Sequence] = deque()
@@ -29,40 +37,41 @@ class Scheduler:
         self.waiting.append(seq)
 
     def admit(self) -> list[Sequence]:
-        """Waiting sequences moved into free slots, in arrival order, up to the prefill token budget
-        (at least one when a slot is free, so a long prompt is never starved)."""
-        admitted, tokens = [], 0
-        while self.waiting and self.free_slots:
-            n = len(self.waiting[0].prompt_ids)
-            if admitted and tokens + n > self.prefill_tokens_per_step:
-                break
-            admitted.append(self._admit_one())
-            tokens += n
-        return admitted
+        """Waiting sequences moved into free slots this step (`prefill_work` without decoding rows)."""
+        return [seq for seq, _ in self.prefill_work()]
 
     def prefill_work(self, decode_rows: int = 0) -> list[tuple[Sequence, int]]:
-        """This step's prefill work, in order: (sequence, prompt tokens to prefill now); a sequence whose
-        prompt is not done after its tokens is chunking. The chunking sequence goes first (it was admitted
-        first), then waiting ones in FIFO order while the budget left after `decode_rows` allows."""
-        if not self.chunk:
-            return [(s, len(s.prompt_ids)) for s in self.admit()]
-        work, budget, chunked = [], self.prefill_tokens_per_step - decode_rows, False
+        """This step's prefill work, in order: (sequence, prompt tokens to prefill now, from `seq.prefilled`);
+        a sequence whose prompt is not done after them is chunking. The chunking sequence goes first (it was
+        admitted first), then waiting ones in FIFO order while the budget left after `decode_rows` allows (with
+        chunking off, whole prompts up to the budget, as before chunks existed). A waiting sequence's slot and
+        reused prefix come from the prefix cache; its cost is what it still has to prefill."""
+        work, chunked = [], False
+        budget = self.prefill_tokens_per_step - (decode_rows if self.chunk else 0)
         if self.chunking is not None:
             seq = self.chunking
-            work.append((seq, min(self.chunk, len(seq.prompt_ids) - seq.prefilled)))
-            budget, chunked = budget - self.chunk, True
+            n = min(self._unit(seq.prefilled), len(seq.prompt_ids) - seq.prefilled)
+            work.append((seq, n))
+            budget, chunked = budget - n, True
         while self.waiting and self.free_slots:
-            n = len(self.waiting[0].prompt_ids)
-            long = n > self.chunk
-            cost = self.chunk if long else n
+            seq = self.waiting[0]
+            slot, hit = self.prefix.choose(seq.prompt_ids, self.free_slots) if self.prefix else (self.free_slots[0], 0)
+            rest, unit = len(seq.prompt_ids) - hit, self._unit(hit)
+            long = bool(unit) and rest > unit
+            cost = unit if long else rest
             if work and (cost > budget or (long and chunked)):
                 break
-            seq = self._admit_one()
+            self._admit_one(slot, hit)
             if long:
                 self.chunking, chunked = seq, True
-            work.append((seq, min(n, self.chunk)))
+            work.append((seq, cost))
             budget -= cost
         return work
+
+    def _unit(self, start: int) -> int:
+        """The most prompt tokens one step prefills from `start`: a chunk (0: the whole prompt, with chunking
+        off and nothing reused); a reused prefix's rest always goes through the extend graph."""
+        return self.chunk or (self.extend_t if start else 0)
 
     def prefilled(self, seq: Sequence, n: int) -> None:
         """`n` more prompt tokens of `seq` are in its slot."""
@@ -70,9 +79,13 @@ class Scheduler:
         if self.chunking is seq and seq.prefilled >= len(seq.prompt_ids):
             self.chunking = None
 
-    def _admit_one(self) -> Sequence:
+    def _admit_one(self, slot: int, reused: int) -> Sequence:
         seq = self.waiting.popleft()
-        seq.slot, seq.status, seq.admitted_at = self.free_slots.pop(0), Status.RUNNING, time.perf_counter()
+        self.free_slots.remove(slot)
+        seq.slot, seq.status, seq.admitted_at = slot, Status.RUNNING, time.perf_counter()
+        seq.prefilled = seq.reused = reused
+        if self.prefix is not None:
+            self.prefix.take(slot, len(seq.prompt_ids), reused)
         self.running[seq.slot] = seq
         return seq
 

@@ -44,6 +44,16 @@ class Sequence:
     grammar: object | None = None  # grammar.RowGrammar: constrains every token
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the top n
     prefilled: int = 0  # prompt tokens whose KV is in the slot (chunked prefill advances it chunk by chunk)
+    reused: int = 0  # of which the slot held already when it was admitted (prefix reuse)
+    reach: int = 0  # 1 + the furthest position a verify step wrote (rejected drafts included)
+    ngrams: object | None = None  # drafts.NgramIndex of its tokens, with prompt-lookup speculation
+
+    @property
+    def cached(self) -> list[int]:
+        """The tokens whose KV its slot holds: the prompt prefilled so far and every output token but the last
+        (which was never fed)."""
+        fed = self.prompt_ids[: self.prefilled]
+        return fed + self.output_ids[:-1] if self.prefilled == len(self.prompt_ids) else fed
 
     @property
     def next_position(self) -> int:

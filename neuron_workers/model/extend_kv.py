@@ -59,5 +59,6 @@ class ExtendKV:
             base = (self.slots[:, None] * h + heads[None, :]) * n  # [R, H]
             flat = base[:, :, None] + (self.pos % n)[:, None, :]  # [R, H, T]
             keep = self.valid[:, None, :].expand(rows, h, t).reshape(-1, 1)
-            self._flat[key] = (flat.reshape(-1, 1).expand(rows * h * t, d), keep)
+            # contiguous: torch 2.13's CPU gather reads wrong rows through an expanded (stride 0) int32 index
+            self._flat[key] = (flat.reshape(-1, 1).expand(rows * h * t, d).contiguous(), keep)
         return self._flat[key]

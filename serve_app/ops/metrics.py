@@ -1,7 +1,8 @@
 """Per-model serving metrics, exported by Ray's metrics agent in Prometheus format (names get a `ray_`
 prefix, counters a `_total` suffix; every series is tagged with application, deployment, replica and model).
 Names follow vLLM's: time to first token, inter-token latency, queue time, tokens, finished requests,
-running / waiting sequences and the batch occupancy of each decode step.
+running / waiting sequences, the batch occupancy of each decode step, the prefix cache's query and hit
+tokens, and speculative decoding's draft and accepted tokens.
 
 `prometheus_text` is what the router's `GET /metrics` serves: every alive node's metrics agent, scraped in
 threads, kept to the serving series unless all are asked for (`serving_only`: an idle cluster's agents export
@@ -37,10 +38,18 @@ class ServerMetrics:
         self.waiting = metrics.Gauge("gemma4_num_requests_waiting", "Sequences waiting for a slot", tag)
         self.occupancy = metrics.Histogram("gemma4_batch_occupancy", "Share of the batch slots each decode step "
                                            "used", OCCUPANCY_BUCKETS, tag)
+        self.prefix_query = metrics.Counter("gemma4_prefix_cache_query_tokens", "Prompt tokens admitted while "
+                                            "prefix reuse is on", tag)
+        self.prefix_hit = metrics.Counter("gemma4_prefix_cache_hit_tokens", "Prompt tokens a slot's kept KV held, "
+                                          "not prefilled again", tag)
+        self.spec_drafts = metrics.Counter("gemma4_spec_decode_num_draft_tokens", "Draft tokens verified", tag)
+        self.spec_accepted = metrics.Counter("gemma4_spec_decode_num_accepted_tokens", "Draft tokens accepted", tag)
         for m in (self.ttft, self.itl, self.queue, self.prompt_tokens, self.generation_tokens, self.running,
-                  self.waiting, self.occupancy):
+                  self.waiting, self.occupancy, self.prefix_query, self.prefix_hit, self.spec_drafts,
+                  self.spec_accepted):
             m.set_default_tags(dict(self.tags))  # Ray adds its own tags to the dict it is given
         self._gauges_at = 0.0
+        self._totals = (0, 0, 0, 0)  # the engine's totals already counted
 
     def request(self) -> "RequestTimer":
         return RequestTimer(self)
@@ -51,11 +60,23 @@ class ServerMetrics:
         for rows in decoded:
             if rows:
                 self.occupancy.observe(rows / stats.max_batch)
+        self._count_totals(stats)
         now = time.perf_counter()
         if now - self._gauges_at >= GAUGE_PERIOD_S or not (stats.running or stats.waiting):
             self._gauges_at = now
             self.running.set(stats.running)
             self.waiting.set(stats.waiting)
+
+    def _count_totals(self, stats) -> None:
+        """The engine's running totals (prefix cache, speculative decoding), counted by what they grew since
+        the last message (a restarted engine process starts again at 0)."""
+        now = (stats.prefix_query_tokens, stats.prefix_hit_tokens, stats.spec_draft_tokens,
+               stats.spec_accepted_tokens)
+        seen = self._totals if all(a >= b for a, b in zip(now, self._totals)) else (0, 0, 0, 0)
+        for counter, a, b in zip((self.prefix_query, self.prefix_hit, self.spec_drafts, self.spec_accepted), now, seen):
+            if a > b:
+                counter.inc(a - b)
+        self._totals = now
 
     def finish(self, reason: str) -> None:
         self.finished.inc(1, {"model": self.tags["model"], "finished_reason": reason})

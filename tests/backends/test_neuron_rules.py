@@ -1,6 +1,7 @@
 """The rules the real Neuron SDK enforces, checked without it:
 - on the module the Neuron build traces (`NeuronGraphModel`), in every graph (prefill buckets, a bucket of
-  1 included, and batched decode), every KV buffer is read and replaced by a function of its old value;
+  1 included, both batched decodes, and the extend graphs: last-position candidates, logits, every position's
+  candidates over several rows), every KV buffer is read and replaced by a function of its old value;
 - the strict test double rejects each bad pattern the real SDK would (write-only state, weight names that
   differ from the traced ones, compile without a worker bound, inputs no graph was traced for), and keys
   weights as NxD does (`->` names, a Parameter tie is two device copies, read-only buffers are weights), so
@@ -21,7 +22,7 @@ from neuron_workers.backends.neuron_build import check_traces
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE, graph_model, make_buffers_persistent
 from neuron_workers.model.loader import load_model
-from neuron_workers.model.spec import DECODE, PREFILL, make_spec
+from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, decode_candidates, make_spec
 
 from conftest import NAMES
 from doubles import neuron_double
@@ -34,8 +35,13 @@ def test_every_graph_reads_and_rewrites_every_kv_buffer(name, tiny_dirs):
     m = load_model(tiny_dirs[name], torch.bfloat16)
     make_buffers_persistent(m.hf_lm)
     module = graph_model(m.hf_lm, m.dims, 32, 3, torch.bfloat16)
-    for phase, bucket in ((PREFILL, 1), (PREFILL, 16), (DECODE, 1)):
-        spec = make_spec(m.dims, phase, 3, bucket, 32, torch.bfloat16, ID_DTYPE)
+    k = decode_candidates(m.dims)
+    for phase, bucket, rows, cand, every in ((PREFILL, 1, 0, 0, False), (PREFILL, 16, 0, 0, False),
+                                             (DECODE, 1, 0, 0, False), (DECODE, 1, 0, k, False),
+                                             (EXTEND, 8, 1, k, False), (EXTEND, 8, 1, 0, False),
+                                             (EXTEND, 4, 3, k, True)):
+        spec = make_spec(m.dims, phase, 3, bucket, 32, torch.bfloat16, ID_DTYPE, None, cand, rows, every)
+        module.candidates, module.per_position = cand, every  # the variant, as the build sets it before a trace
         uses, weights = trace_facts(module, tuple(t.zeros() for t in spec.host_inputs))
         assert set(uses) == set(module.kv_names) and len(uses) == 2 * len(m.dims.kv_layers)
         for buf, u in uses.items():

@@ -1,7 +1,7 @@
 """Fail fast, lose nothing (against the Neuron double): a neuron build compiles `decode` (the riskiest graph)
-first and alone and stops with its compiler log when it fails; every compiled graph is kept, so the retry
-compiles only what is missing, and the error says how to resume. `compile build --config` builds each model
-in a process of its own, its cores pinned before it starts. `compile plan --config` works without the
+first and alone and stops with its compiler log when it fails; every compiled graph (extend graphs included) is
+kept, so the retry compiles only what is missing, and the error says how to resume. `compile build --config`
+builds each model in a process of its own, its cores pinned before it starts. `compile plan --config` works without the
 checkpoints (the bundled real configs)."""
 
 from __future__ import annotations
@@ -27,11 +27,19 @@ def test_risk_order_puts_the_top_k_decode_first():
         "decode", "decode_logits", "prefill_512", "prefill_16"]
 
 
+def test_risk_order_puts_the_extend_graphs_between_the_decodes_and_the_buckets():
+    """Largest rows x T first, a shape's top-K variants before its `_logits` (tags as `spec.GraphSpec.tag`)."""
+    tags = ["prefill_16", "extend_1x256_logits", "prefill_4096", "extend_32x8_all", "decode", "extend_1x256",
+            "decode_logits"]
+    assert risk_order(tags) == ["decode", "decode_logits", "extend_1x256", "extend_32x8_all", "extend_1x256_logits",
+                                "prefill_4096", "prefill_16"]
+
+
 @pytest.mark.slow
 def test_a_failing_graph_stops_the_build_early_and_the_retry_resumes(tiny_dirs, tmp_path, capsys, monkeypatch):
     out = tmp_path / "art"
     cmd = ["build", "--model", str(tiny_dirs["gemma4-e2b-tiny"]), "--max-context", "64", "--prefill-buckets",
-           "16,32", "--batch", "2", "--out", str(out)]
+           "16,32", "--batch", "2", "--prefill-chunk", "16", "--out", str(out)]
     with neuron_double.installed():
         monkeypatch.setattr(units, "FAIL_COMPILE", {"decode"})
         assert compile_main(cmd) == 2
@@ -40,18 +48,19 @@ def test_a_failing_graph_stops_the_build_early_and_the_retry_resumes(tiny_dirs, 
         assert "graph decode did not compile" in err and "ISGV902" in err and "log-neuron-cc.txt" in err
         assert f"run `python -m compile {' '.join(cmd)}` again" in err
         units.COMPILED.clear()
-        monkeypatch.setattr(units, "FAIL_COMPILE", {"prefill_16"})
+        monkeypatch.setattr(units, "FAIL_COMPILE", {"extend_1x16"})
         assert compile_main(cmd) == 2
         err = capsys.readouterr().err
-        assert [t for t, _ in units.COMPILED][0] == "decode" and len(units.COMPILED) == 4
-        assert "graph prefill_16 did not compile" in err and "3 compiled graphs are kept" in err
+        assert [t for t, _ in units.COMPILED][0] == "decode" and len(units.COMPILED) == 6  # every graph tried
+        assert "graph extend_1x16 did not compile" in err and "5 compiled graphs are kept" in err
         units.COMPILED.clear()
         monkeypatch.setattr(units, "FAIL_COMPILE", set())
         assert compile_main(cmd) == 0
         said = capsys.readouterr().out
-        assert [t for t, _ in units.COMPILED] == ["prefill_16"]  # the three kept graphs were reused
-        assert said.count("compiled by an earlier run, reused") == 3
-    assert Manifest.read(out).max_batch == 2
+        assert [t for t, _ in units.COMPILED] == ["extend_1x16"]  # the five kept graphs were reused
+        assert said.count("compiled by an earlier run, reused") == 5
+    m = Manifest.read(out)
+    assert m.max_batch == 2 and m.extend_buckets == [16]
 
 
 def test_config_builds_each_model_in_a_process_of_its_own(tmp_path, capsys, monkeypatch):

@@ -14,6 +14,7 @@ from compile.__main__ import main as compile_main
 from compile.build import build
 from neuron_workers.artifacts.manifest import Manifest
 from neuron_workers.config import EngineConfig
+from neuron_workers.errors import UserError
 from neuron_workers.generate import main as generate_main
 from neuron_workers.model.loader import load_model
 
@@ -181,12 +182,93 @@ def test_smoke_without_the_sdk_says_what_to_install(capsys):
 
 
 @pytest.mark.slow
-def test_smoke_tiny_step_covers_both_decode_graphs():
-    """The inf2 smoke test's tiny step, against the Neuron double: tokens and logits of `decode_logits`
-    against the CPU backend, and the tokens through the top-K `decode` graph equal to them."""
-    from compile.smoke import _tiny
+def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_dirs, tmp_path, capsys):
+    """--prefill-chunk 16 (the tiny ring): the build traces `extend_1x16` and `extend_1x16_logits` after the decode
+    graphs from the same module (their KV read and rewritten), compiles them after the decodes, and the manifest
+    lists them; loading sets the backend's extend_buckets, the engine prefills in chunks through them and gets the
+    CPU engine's tokens; an extend graph that was not built is refused by name; a manifest written before extend
+    graphs existed still loads, with none."""
+    from neuron_workers.artifacts.load import load_from_artifacts
 
+    d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "x"
     with neuron_double.installed() as calls:
-        ok, detail = _tiny("gemma4-e2b-tiny", 1)
-    assert ok, detail
-    assert {"decode", "decode_logits"} <= {c[1] for c in calls if c[0] == "forward"}
+        assert compile_main(["build", "--model", str(d), "--max-context", "64", "--prefill-buckets", "16,32",
+                             "--batch", "2", "--prefill-chunk", "16", "--out", str(out)]) == 0
+        traces = {c[1]: c for c in calls if c[0] == "trace"}
+        assert list(traces) == ["prefill_16", "prefill_32", "decode_logits", "decode", "extend_1x16",
+                                "extend_1x16_logits"]
+        for tag in ("extend_1x16", "extend_1x16_logits"):
+            _, _, inputs, written = traces[tag]
+            assert [s for s, _ in inputs] == [(1, 16), (1, 16), (1, 16, 10, 8), (1, 1, 16, 64), (1, 1, 16, 32), (1,),
+                                              (1,)]  # ids, positions, PLE, masks (ring 16 + the chunk), last_idx, slots
+            assert [t for _, t in inputs] == [torch.int32] * 2 + [torch.bfloat16] * 3 + [torch.int32] * 2
+            assert written and all(written.values())
+        # decode first and alone, then (one job: in order) the other decode, the extend graphs, the buckets
+        assert [t for t, _ in neuron_double_units.COMPILED] == ["decode", "decode_logits", "extend_1x16",
+                                                                "extend_1x16_logits", "prefill_32", "prefill_16"]
+        m = Manifest.read(out)
+        assert m.extend_graphs == [[1, 16, "last"], [1, 16, "logits"]] and m.extend_buckets == [16]
+        assert {"extend_1x16", "extend_1x16_logits"} <= set(m.graphs)
+        assert "-O1" in m.compiler_flags["extend_1x16"] and "-O1" in m.compiler_flags["extend_1x16_logits"]
+        assert "+ extend 1x16 (prefill_chunk)" in capsys.readouterr().out
+
+        cfg = EngineConfig(model=str(d), backend="neuron", artifacts=str(out))
+        calls.clear()
+        _, backend = load_from_artifacts(cfg)
+        assert backend.extend_buckets == (16,)
+        assert {c[1] for c in calls if c[0] == "forward"} >= {"extend_1x16", "extend_1x16_logits"}  # warmed up
+        spec = backend.extend_spec(8, 1)
+        with pytest.raises(RuntimeError, match="no graph extend_1x8 .*--prefill-chunk 8"):
+            backend.extend(spec, tuple(t.zeros() for t in spec.host_inputs))
+        with pytest.raises(UserError, match="prefill_chunk \\[16\\], this request asks for 8"):
+            load_from_artifacts(EngineConfig(model=str(d), backend="neuron", artifacts=str(out), prefill_chunk=8))
+
+        args = ["--model", str(d), "--prompt-ids", ",".join(map(str, [2] + list(range(40, 63)))),
+                "--max-tokens", "12", "--ignore-eos", "--json"]
+        calls.clear()
+        assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out)]) == 0
+        neuron = json.loads(capsys.readouterr().out)["token_ids"]
+        assert ("forward", "extend_1x16") in calls  # a 24-token prompt: 16 + 8 through the extend graph
+
+        raw = json.loads((out / "manifest.json").read_text())
+        for key in ("extend_graphs", "extend_buckets"):
+            del raw[key]
+        (out / "manifest.json").write_text(json.dumps(raw))  # as written before extend graphs
+        calls.clear()
+        _, backend = load_from_artifacts(cfg)
+        assert backend.extend_buckets == () and not any(c[1].startswith("extend") for c in calls if c[0] == "forward")
+    assert generate_main(args + ["--max-context", "64", "--dtype", "bfloat16", "--prefill-chunk", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == neuron and len(neuron) == 12
+
+
+def test_neuron_build_with_speculation_traces_and_serves_the_verify_graph(tiny_dirs, tmp_path, capsys):
+    """--num-speculative-tokens 3: the build also traces the verify graph `extend_2x4_all` (every slot, 4
+    positions, every position's candidates; -O2 like decode) and the manifest lists it; an engine with 3 drafts
+    a step verifies through it and gives the plain CPU engine's greedy tokens; 2 drafts (no such graph) are
+    refused at load, naming the field."""
+    from neuron_workers.artifacts.load import load_from_artifacts
+
+    d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "v"
+    with neuron_double.installed() as calls:
+        assert compile_main(["build", "--model", str(d), "--max-context", "64", "--prefill-buckets", "32",
+                             "--batch", "2", "--prefill-chunk", "0", "--num-speculative-tokens", "3",
+                             "--out", str(out)]) == 0
+        assert [c[1] for c in calls if c[0] == "trace"] == ["prefill_32", "decode_logits", "decode", "extend_2x4_all"]
+        capsys.readouterr()  # the build's progress
+        m = Manifest.read(out)
+        assert m.extend_graphs == [[2, 4, "all"]] and m.extend_buckets == [] and "-O2" in m.compiler_flags[
+            "extend_2x4_all"]
+        with pytest.raises(UserError) as e:
+            load_from_artifacts(EngineConfig(model=str(d), backend="neuron", artifacts=str(out),
+                                             speculative_method="ngram", num_speculative_tokens=2))
+        assert e.value.param == "num_speculative_tokens"
+        prompt = [2] + list(range(40, 52)) * 2  # repeats itself: the drafter proposes from the first copy
+        args = ["--model", str(d), "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "12", "--ignore-eos",
+                "--json"]
+        calls.clear()
+        assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out), "--speculative-method", "ngram",
+                                     "--num-speculative-tokens", "3"]) == 0
+        spec = json.loads(capsys.readouterr().out)["token_ids"]
+        assert ("forward", "extend_2x4_all") in calls
+    assert generate_main(args + ["--max-context", "64", "--dtype", "bfloat16"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == spec and len(spec) == 12

@@ -1,11 +1,14 @@
 """The manifest refuses artifacts that lack a graph this version runs (e.g. built before the top-K decode
-graph, when `decode` meant the full logits) instead of loading them and failing every request."""
+graph, when `decode` meant the full logits) instead of loading them and failing every request; one written
+before extend graphs reads as one with none, and a `prefill_chunk` asked for must be among those built."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from neuron_workers.artifacts.manifest import FORMAT, Manifest, config_hash
+from neuron_workers.artifacts.manifest import FORMAT, Manifest, config_hash, serving_chunk
 from neuron_workers.errors import UserError
 
 from conftest import real_config
@@ -30,3 +33,30 @@ def test_missing_graphs_or_an_old_format_are_refused(graphs, fmt, message):
     m, cfg = manifest(graphs, fmt)
     with pytest.raises(UserError, match=message):
         m.check(cfg, versions={})
+
+
+def test_a_manifest_written_before_extend_graphs_reads_as_one_with_none(tmp_path):
+    m, cfg = manifest({"prefill_16": "a", "prefill_32": "b", "decode": "c", "decode_logits": "d"})
+    m.write(tmp_path)
+    raw = json.loads((tmp_path / "manifest.json").read_text())
+    del raw["extend_graphs"], raw["extend_buckets"]
+    (tmp_path / "manifest.json").write_text(json.dumps(raw))
+    old = Manifest.read(tmp_path)
+    old.check(cfg, versions={})
+    assert old.extend_graphs == [] and old.extend_buckets == []
+    assert serving_chunk(old, None, 16) == () and serving_chunk(old, 0, 16) == ()
+    with pytest.raises(UserError, match="prefill_chunk none, this request asks for 16") as e:
+        serving_chunk(old, 16, 16)
+    assert e.value.param == "prefill_chunk"
+
+
+def test_serving_chunk_keeps_the_built_extend_buckets_and_refuses_a_chunk_not_built():
+    m, _ = manifest({})
+    m.extend_graphs, m.extend_buckets = [[1, 16, "last"], [1, 16, "logits"]], [16]
+    assert serving_chunk(m, None, 16) == (16,)  # the artifacts decide
+    assert serving_chunk(m, 0, 16) == (16,)  # chunking off: the engine decides what it runs them for
+    assert serving_chunk(m, 16, 16) == (16,)
+    assert serving_chunk(m, 256, 16) == (16,)  # clamped to the ring, as resolve_prefill_chunk clamps it
+    with pytest.raises(UserError, match=r"built with extend graphs for prefill_chunk \[16\], this request asks "
+                                        r"for 8: rebuild with `compile build --prefill-chunk 8`"):
+        serving_chunk(m, 8, 16)

@@ -1,6 +1,6 @@
 """compile smoke without inf2: its own logic (versions with local labels, a time limit per step, a step that
-reported and then died, teacher-forced logit comparison) and its toy and tp1 steps run against the Neuron
-test double, which keys weights with `->` as NxD does."""
+reported and then died, teacher-forced logit and candidate comparison, the extend check) and its toy, topk and
+tp1 steps run against the Neuron test double, which keys weights with `->` as NxD does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import sys
 import pytest
 import torch
 
-from compile import smoke
+from compile import smoke, smoke_tiny
+from neuron_workers.config import EngineConfig
+from neuron_workers.factory import build_engine
+from neuron_workers.model.spec import Candidates
 
 from doubles import neuron_double
 
@@ -71,9 +74,59 @@ def test_topk_step_runs_the_tiled_op_at_the_real_width_against_the_double():
     assert not ok and "row of 262144" in detail
 
 
+def test_candidates_compare_by_rank_and_best_id_where_clear():
+    ids = torch.tensor([[3, 1, 2], [0, 4, 1]])
+    want = Candidates(torch.tensor([[5.0, 4.9, 1.0], [9.0, 2.0, 1.0]]), ids)
+    swapped_near_tie = Candidates(want.values, torch.tensor([[1, 3, 2], [0, 4, 1]]))
+    assert smoke_tiny.compare_candidates(want, swapped_near_tie)[0]
+    ok, detail = smoke_tiny.compare_candidates(want, Candidates(want.values, torch.tensor([[3, 1, 2], [4, 0, 1]])))
+    assert not ok and "best id equal in 0/1 clear rows" in detail  # row 1's best is clearly apart: must agree
+    assert not smoke_tiny.compare_candidates(want, Candidates(want.values + 0.6, ids))[0]  # past the tolerance
+    ok, detail = smoke_tiny.compare_candidates(want, Candidates(want.values[:, :2], ids[:, :2]))
+    assert not ok and "shape (2, 2)" in detail
+
+
+class Skewed:
+    """A backend whose extend graphs return what they should plus `bias` (logits, or candidate values)."""
+
+    def __init__(self, backend, bias: float):
+        self.inner, self.bias = backend, bias
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def extend(self, spec, inputs):
+        out = self.inner.extend(spec, inputs)
+        return Candidates(out.values.float() + self.bias, out.ids) if spec.candidates else out.float() + self.bias
+
+
+@pytest.mark.parametrize("bias,ok", [(0.0, True), (1.0, False)])
+def test_extend_check_compares_both_extend_graphs_with_the_cpu(tiny_dirs, bias, ok):
+    """The smoke test's extend step on two CPU backends: equal graphs pass (with clear rows, so the argmax and
+    best-id checks are not empty), and extend outputs off by more than the tolerance fail, in both variants."""
+    cfg = EngineConfig(model=str(tiny_dirs["gemma4-e2b-tiny"]), max_context=64, prefill_buckets=(16, 32),
+                       max_batch=2, dtype="bfloat16")
+    ref, dev = build_engine(cfg), build_engine(cfg)
+    got, detail = smoke_tiny.extend_check(ref.backend, Skewed(dev.backend, bias), dev.model.ple,
+                                          dev.dims.sliding_window, smoke_tiny.CHUNK, smoke_tiny.EXTEND_PROMPT)
+    assert got == ok, detail
+    assert "extend_1x16_logits: 1 calls" in detail and "extend_1x16: 256 candidates" in detail
+    if ok:
+        assert "argmax equal in 1/1 clear rows" in detail and "best id equal in 1/1 clear rows" in detail
+    else:
+        assert "max |logit diff| 1.000" in detail and "max |value diff| by rank 1.000" in detail
+
+
 @pytest.mark.slow
 def test_tp1_step_runs_against_the_double():
-    with neuron_double.installed():
-        ok, detail = smoke._tiny("gemma4-e2b-tiny", 1)
+    """The tiny tp=1 step end to end against the double: teacher-forced logits, the top-K `decode` against
+    `decode_logits`, and the extend graphs (built for a 16-token chunk) against the CPU backend's extend."""
+    with neuron_double.installed() as calls:
+        ok, detail = smoke._run_step("tp1").values()
     assert ok, detail
-    assert detail.startswith("tp=1: ") and "argmax equal in" in detail
+    assert detail.startswith("tp=1: ") and "argmax equal in" in detail and "tokens equal" in detail
+    assert "extend_1x16_logits: 1 calls" in detail and "best id equal in 1/1 clear rows" in detail
+    traced = [c[1] for c in calls if c[0] == "trace"]
+    assert traced[-2:] == ["extend_1x16", "extend_1x16_logits"]
+    ran = {c[1] for c in calls if c[0] == "forward"}
+    assert {"decode", "decode_logits", "extend_1x16", "extend_1x16_logits"} <= ran

@@ -20,10 +20,13 @@ as the NxD 0.18 source and torch-xla's documentation describe the real ones:
   neuron_double_units.py;
 - forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
   NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
-  traced dtypes, after `set_weights` and `to_neuron`.
+  traced dtypes, after `set_weights` and `to_neuron`;
+- a graph keeps the module switches it was traced under (`candidates`, `per_position`: which decode or
+  extend variant), as a compiled graph does.
 
 `installed()` puts the fakes in sys.modules. Traced graphs are not compiled: the double keeps the module
-ModelBuilder was given and runs it on the CPU (its registered KV buffers standing in for device state).
+ModelBuilder was given and runs it on the CPU (its registered KV buffers standing in for device state), with
+torch.gather as the device computes it (`device_gather`: a CPU-kernel bug on int32 indices kept out).
 """
 
 from __future__ import annotations
@@ -101,8 +104,8 @@ class ModelBuilder:
         weights += [n for n, u in uses.items() if u.read and not u.written]  # read-only: a weight
         weights = device_copies(self.model, weights)
         inputs = [(tuple(a.shape), a.dtype) for a in args]
-        # the module's own trace-time switches (e.g. which decode variant): the compiled graph keeps them
-        switches = {"candidates": getattr(self.model, "candidates", None)}
+        # the module's own trace-time switches (which decode or extend variant): the compiled graph keeps them
+        switches = {n: getattr(self.model, n, None) for n in ("candidates", "per_position")}
         hlo = FakeHlo(repr((inputs, weights, sorted(uses), switches, heads)))
         self.trace_artifacts_collection[tag] = TraceArtifacts(
             {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),
@@ -192,7 +195,7 @@ class FakeNxDModel:
         for name, value in (self.traces[tag].switches or {}).items():
             if value is not None:
                 setattr(self.module, name, value)
-        with torch.no_grad():
+        with torch.no_grad(), units.device_gather():
             out = self.module(*args)
         got = [tuple(t.shape) for t in (out if isinstance(out, tuple) else (out,))]
         if self.traces[tag].heads is not None and got != self.traces[tag].heads:

@@ -10,6 +10,7 @@ limits the real ones have or are reported to have. Nothing here is Neuron.
 - `compile(hlo, metaneff, workdir, flags, key)`: writes a fake NEFF and a compiler log under
   `workdir/key/<n>/` as NxD does (`log-neuron-cc.txt`), records the call, and fails (RuntimeError, with
   the log written) for the tags in `FAIL_COMPILE`, so fail-fast and resume can be tested.
+- `device_gather`: torch.gather as the device computes it, for the module the double runs on the CPU.
 - how NxD names what it holds: `route_key` (NxDModel's router key), `device_copies` (a Parameter tie made before
   the move is one weight per module), `aliases_of` (a module reached by two paths is one tensor).
 """
@@ -17,6 +18,7 @@ limits the real ones have or are reported to have. Nothing here is Neuron.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -100,3 +102,24 @@ def aliases_of(module) -> dict[str, set[str]]:
             module.named_buffers(remove_duplicate=False)):
         by_id.setdefault(id(t), set()).add(n)
     return {n: names - {n} for names in by_id.values() for n in names}
+
+
+@contextmanager
+def device_gather():
+    """torch.gather as the device computes it. The double runs the graphs on the CPU, whose gather kernel
+    mis-reads an int32 index expanded along a dim (stride 0): torch 2.13.0+cpu gathers rows [16, 16, 16, 16, 17]
+    for the index [16, 17, 18, 19, 20] expanded over each row's columns, the index the extend graph's padding
+    write-back (`model.extend_kv`) builds. The device lowers gather through XLA, with no such kernel, so here
+    gather gets a contiguous copy of such an index; an int64 or contiguous index is passed as it is."""
+    real = torch.gather
+
+    def gather(input, dim, index, *args, **kwargs):  # noqa: A002 (torch's name)
+        if index.dtype == torch.int32 and not index.is_contiguous():
+            index = index.contiguous()
+        return real(input, dim, index, *args, **kwargs)
+
+    torch.gather = gather
+    try:
+        yield
+    finally:
+        torch.gather = real

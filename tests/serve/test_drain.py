@@ -29,14 +29,19 @@ def fake(name, **kw):
             "engine_options": {"step_s": STEP_S}, "max_batch": 8, **kw}
 
 
-async def request(h, url, n, stream, i):
+async def request(h, url, n, stream, i, started: asyncio.Event | None = None):
+    """One completion; a stream sets `started` when its first event arrives (the request is generating)."""
     body = {"model": "m", "prompt": f"job {i}", "max_tokens": n, "ignore_eos": True, "stream": stream}
     if not stream:
         r = await h.post(f"{url}/v1/completions", json=body)
         return r.status_code, r.json(), dict(r.headers)
     async with h.stream("POST", f"{url}/v1/completions", json=body) as r:
-        events = [json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]"
-                  async for x in r.aiter_lines() if x.startswith("data: ")]
+        events = []
+        async for x in r.aiter_lines():
+            if x.startswith("data: "):
+                events.append(json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]")
+                if started is not None:
+                    started.set()
         return r.status_code, events, dict(r.headers)
 
 
@@ -100,9 +105,14 @@ def test_signal_drains_in_flight_requests_then_exits(tmp_path, sig):
 
         async def scenario():
             async with httpx.AsyncClient(timeout=120) as h:
-                short = [asyncio.create_task(request(h, url, 40, i % 2 == 0, i)) for i in range(4)]  # ~2 s
-                long = [asyncio.create_task(request(h, url, 1000, i % 2 == 0, 10 + i)) for i in range(2)]  # ~50 s
-                await asyncio.sleep(1.0)  # all six are generating
+                go = [asyncio.Event() for _ in range(6)]
+                short = [asyncio.create_task(request(h, url, 40, i % 2 == 0, i, go[i])) for i in range(4)]  # ~2 s
+                long = [asyncio.create_task(request(h, url, 1000, i % 2 == 0, 10 + i, go[4 + i]))
+                        for i in range(2)]  # ~50 s
+                # all six are generating: the streams have their first events (the plain ones were sent first);
+                # waited for, not slept on, so a loaded machine does not send the signal before they arrive
+                await asyncio.wait_for(asyncio.gather(*(go[i].wait() for i in (0, 2, 4))), 60)
+                await asyncio.sleep(0.3)
                 server.send(sig)
                 t_signal = time.monotonic()
                 await asyncio.sleep(1.0)

@@ -265,15 +265,25 @@ def test_router_process_stays_free_of_torch():
 def test_prometheus_metrics_per_model(tiny_app):
     import os
 
+    def value(name: str) -> float:  # a counter's total for 12b
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(f"ray_gemma4_{name}_total{{") and 'model="12b"' in line)
+
     with httpx.Client(timeout=60) as h:
         body = {"model": "12b", "prompt": "hi", "max_tokens": 5}
         assert h.post(f"{tiny_app}/completions", json=body).status_code == 200
+        long = {"model": "12b", "prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 3}
+        prompt_tokens = [h.post(f"{tiny_app}/completions", json=long).json()["usage"]["prompt_tokens"]
+                         for _ in range(2)]  # the second reuses all but the last prompt token of the first
+        assert prompt_tokens[0] > 16
         deadline, text = time.time() + 40, ""
         while time.time() < deadline:
             text = h.get(os.environ["GEMMA4_TEST_METRICS_URL"]).text
-            if 'ray_gemma4_generation_tokens_total{' in text and 'model="12b"' in text:
+            if value("generation_tokens") and value("prefix_cache_hit_tokens") >= prompt_tokens[0] - 1:
                 break
             time.sleep(1)
+    assert value("prefix_cache_query_tokens") >= 2 * prompt_tokens[0]
+    assert value("prefix_cache_hit_tokens") >= prompt_tokens[0] - 1
     assert "ray_gemma4_time_to_first_token_ms_bucket" in text
     assert any(line.startswith("ray_gemma4_request_finished_total") and 'model="12b"' in line
                for line in text.splitlines())

@@ -115,6 +115,29 @@ def test_fp32_chunked_prefill_through_the_extend_graph_equals_the_cpu_backend(na
     xla.close()
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_speculative_verify_through_the_extend_graph_equals_the_cpu_backend(name, tiny_dirs):
+    """Drafts (an oracle right for 0..3 tokens, then wrong) verified through `extend_3x4_all` (every
+    position's top-K candidates): the CPU backend's plain tokens; one XLA program per graph, no fallback."""
+    from doubles.oracle_drafter import Oracle
+
+    cpu = engine(tiny_dirs[name], "cpu", "float32")
+    cpu.backend = cpu.backend.inner
+    want_runs = run_staggered(cpu)
+    want = {tuple(prompt(n, i)): toks for i, ((n, _, _), toks) in enumerate(zip(JOBS, want_runs))}
+    xla = build_engine(EngineConfig(model=str(tiny_dirs[name]), backend="xla", max_context=CTX,
+                                    prefill_buckets=BUCKETS, max_batch=BATCH, speculative_method="ngram",
+                                    num_speculative_tokens=3))
+    xla.drafter = Oracle(want, xla.dims.vocab_size)
+    assert run_staggered(xla) == want_runs
+    assert 0 < xla.spec_accepted_tokens < xla.spec_draft_tokens
+    twin = xla.backend
+    assert "extend_3x4_all" in twin.graph_hashes and twin.calls["extend_3x4_all"] >= 5, twin.calls
+    assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
+    assert all(n <= 1 for n in twin.compiles.values()) and twin.fallback_ops() == {}
+    xla.close()
+
+
 def assert_one_program_per_graph(twin, decode_tag: str) -> None:
     assert set(twin.graph_hashes) == {"prefill_16", "prefill_32", decode_tag}
     assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes

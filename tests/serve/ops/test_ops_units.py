@@ -234,3 +234,34 @@ def test_a_proxy_that_dies_under_a_request_ends_it_quietly(state):
     assert c.sent == [] and not state.inflight
     with pytest.raises(RayActorError):
         run(drain.Drain(dying("ServeReplica:x:Model_m"))(c.scope, c.receive, c.send))
+
+
+def test_engine_totals_become_counter_increments(monkeypatch):
+    """Prefix-cache and speculative-decoding totals ride on each step's stats; the replica counts what they
+    grew (and starts again from 0 when a restarted engine process reports smaller totals)."""
+    from types import SimpleNamespace
+
+    from neuron_workers.engine.loop import StepStats
+    from serve_app.ops import metrics as m
+
+    class Metric:
+        def __init__(self, name, *a, **k):
+            self.name, self.total = name, 0
+
+        def inc(self, v=1, tags=None):
+            self.total += v
+
+        def set_default_tags(self, tags):
+            pass
+
+        observe = set = inc
+
+    monkeypatch.setattr(m, "metrics", SimpleNamespace(Counter=Metric, Gauge=Metric, Histogram=Metric))
+    sm = m.ServerMetrics("e2b")
+    for stats in (StepStats(1, 0, 1, 4, 100, 60, 8, 5), StepStats(1, 0, 1, 4, 150, 100, 12, 6),
+                  StepStats(0, 0, 0, 4, 20, 0, 3, 1)):  # the last: a restarted engine
+        sm.step(stats, (1,))
+    assert (sm.prefix_query.total, sm.prefix_hit.total) == (170, 100)
+    assert (sm.spec_drafts.total, sm.spec_accepted.total) == (15, 7)
+    assert sm.prefix_hit.name == "gemma4_prefix_cache_hit_tokens"
+    assert sm.spec_accepted.name == "gemma4_spec_decode_num_accepted_tokens"

@@ -1,0 +1,126 @@
+"""`compile smoke`'s tiny-checkpoint steps (tp1, tp2), against the CPU backend. WRITTEN AGAINST THE SDK, NOT RUN
+ON HARDWARE HERE (tests/compile/test_smoke.py runs tp1 against the Neuron test double).
+
+A tiny checkpoint is built at context 64 (batch 2, buckets 16 and 32, and the extend graphs of a 16-token chunk:
+the tiny models' ring, window 8 + slack 8) and then:
+  teacher   two prompts of 20 tokens (past the sliding window) decoded together on the CPU backend (bf16), and the
+            very same inputs fed to the device, call by call: logits within LOGIT_TOL, the same argmax wherever the
+            CPU's top two are further apart than 2 * LOGIT_TOL (`compare_logits`)
+  top-K     on the device, greedy tokens through the top-K `decode` graph equal those through `decode_logits`
+  extend    a 28-token prompt's first 12 tokens prefilled into a slot, then its next tokens through the extend
+            graph (the chunk wraps the ring), on both backends with the same inputs: a full chunk through
+            `extend_1x16_logits` (slot 0, `compare_logits`) and a short one through the top-K `extend_1x16`
+            (slot 1, `compare_candidates`: values by rank within LOGIT_TOL, the same best id where clear)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+LOGIT_TOL = 0.5  # bf16 device vs bf16 CPU on logits of magnitude ~20 (tiny random weights)
+CHUNK = 16  # T of the extend graphs the tiny builds trace (the tiny ring)
+PROMPTS = [[2] + list(range(40, 59)), [2] + list(range(100, 119))]  # 20 tokens: the ring of 8 wraps
+EXTEND_PROMPT = [2] + list(range(40, 67))  # 28 tokens: 12 prefilled, then a chunk at 12..27 (clear top two at tiny)
+
+
+def tiny(name: str, tp: int) -> tuple[bool, str]:
+    from compile.build import build
+    from neuron_workers.backends.recorder import LogitsRecorder, replay
+    from neuron_workers.config import EngineConfig
+    from neuron_workers.engine.params import SamplingParams
+    from neuron_workers.factory import build_engine
+    from neuron_workers.testing.tiny import write_tiny
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_tiny(Path(tmp), name)
+        art = Path(tmp) / "art"
+        build(EngineConfig(str(ckpt), "neuron", tp, 64, (16, 32), "bfloat16", artifacts=str(art), max_batch=2,
+                           prefill_chunk=CHUNK), progress=lambda m: None, jobs=1)
+        cpu = build_engine(EngineConfig(model=str(ckpt), max_context=64, prefill_buckets=(16, 32), max_batch=2,
+                                        dtype="bfloat16"))
+        rec = LogitsRecorder(cpu.backend, keep_inputs=True)
+        cpu.backend = rec
+        seqs = [cpu.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in PROMPTS]
+        list(cpu.run_all(seqs))
+        # no prefix cache: the second run below must compute what the first did, not reuse its KV
+        device = build_engine(EngineConfig(model=str(ckpt), backend="neuron", tp=tp, artifacts=str(art),
+                                           prefill_chunk=CHUNK, prefix_cache=False))
+        backend = device.backend
+        try:
+            got = replay(backend, rec)  # the CPU's inputs, call by call: teacher forcing
+            has_top = backend.candidates > 0
+            top = _tokens(device, PROMPTS)  # the `decode` graph: greedy rows read its top-K candidates
+            device.backend = LogitsRecorder(backend)  # the recorder asks for `decode_logits` every step
+            full = _tokens(device, PROMPTS)
+            ext_ok, ext = extend_check(rec.inner, backend, device.model.ple, device.dims.sliding_window, CHUNK,
+                                       EXTEND_PROMPT)
+        finally:
+            device.close()
+            cpu.close()
+    ok, msg = compare_logits([w for _, w in rec.calls], got, f"tp={tp}: ")
+    agree = ("tokens equal" if top == full else "tokens DIFFER") if has_top else "MISSING"
+    return ok and has_top and top == full and ext_ok, f"{msg}; top-K decode graph vs decode_logits: {agree}; {ext}"
+
+
+def _tokens(engine, prompts) -> list[list[int]]:
+    from neuron_workers.engine.params import SamplingParams
+
+    seqs = [engine.new_sequence(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
+    out = {s.seq_id: [] for s in seqs}
+    for ev in engine.run_all(seqs):
+        out[ev.seq_id].append(ev.token_id)
+    return [out[s.seq_id] for s in seqs]
+
+
+def extend_check(cpu, device, ple, window: int, chunk: int, prompt: list[int]) -> tuple[bool, str]:
+    """The prompt's head (all but its last `chunk` tokens) prefilled into slot 0 and slot 1 of both backends,
+    then the next tokens through the extend graph with the same host inputs: `chunk` of them through
+    `extend_1x{chunk}_logits` in slot 0, fewer (a padded chunk) through the top-K `extend_1x{chunk}` in slot 1."""
+    from neuron_workers.model.extend_inputs import extend_inputs
+    from neuron_workers.model.host_inputs import choose_bucket, prefill_inputs
+    from neuron_workers.model.spec import PREFILL
+
+    head = prompt[: len(prompt) - chunk]
+    bucket = choose_bucket(len(head), cpu.buckets)
+    out = {}
+    for slot, logits, n in ((0, True, chunk), (1, False, chunk - chunk // 4)):
+        for name, b in (("cpu", cpu), ("device", device)):
+            b.prefill(bucket, prefill_inputs(b.spec(PREFILL, bucket), head, ple, window, slot))
+            spec = b.extend_spec(chunk, 1, logits=logits)
+            out[name, logits] = b.extend(spec, extend_inputs(spec, [(slot, prompt[len(head):len(head) + n],
+                                                                     len(head))], ple, window))
+    ok_l, msg_l = compare_logits([out["cpu", True]], [out["device", True]], f"extend_1x{chunk}_logits: ")
+    ok_c, msg_c = compare_candidates(out["cpu", False], out["device", False], f"extend_1x{chunk}: ")
+    return ok_l and ok_c, f"{msg_l}; {msg_c}"
+
+
+def compare_logits(want: list, got: list, label: str = "") -> tuple[bool, str]:
+    """Per call: max |logit diff| within LOGIT_TOL, and the same argmax in every row whose top two logits
+    (reference) are further apart than 2 * LOGIT_TOL (closer rows are near-ties that bf16 may flip)."""
+    worst, clear, same = 0.0, 0, 0
+    for w, g in zip(want, got):
+        w, g = w.float(), g.float()
+        worst = max(worst, (w - g).abs().max().item())
+        top2 = w.topk(2, dim=-1).values
+        decided = (top2[:, 0] - top2[:, 1]) > 2 * LOGIT_TOL
+        clear += int(decided.sum())
+        same += int((decided & (w.argmax(-1) == g.argmax(-1))).sum())
+    ok = len(want) == len(got) and worst < LOGIT_TOL and same == clear
+    return ok, (f"{label}{len(got)} calls teacher-forced, max |logit diff| {worst:.3f} (tolerance {LOGIT_TOL}); "
+                f"argmax equal in {same}/{clear} clear rows")
+
+
+def compare_candidates(want, got, label: str = "") -> tuple[bool, str]:
+    """Top-K candidates (values, ids; best first) of the same rows: values rank by rank within LOGIT_TOL (sorting
+    moves no value further than the largest logit difference), and the same best id in every row whose two best
+    values (reference) are further apart than 2 * LOGIT_TOL."""
+    wv, gv = want[0].float(), got[0].float()
+    if wv.shape != gv.shape or want[1].shape != got[1].shape:
+        return False, f"{label}candidates of shape {tuple(gv.shape)}, the CPU's are {tuple(wv.shape)}"
+    worst = (wv - gv).abs().max().item()
+    decided = (wv[..., 0] - wv[..., 1]) > 2 * LOGIT_TOL
+    same = decided & (want[1][..., 0].long() == got[1][..., 0].long())
+    ok = worst < LOGIT_TOL and int(same.sum()) == int(decided.sum())
+    return ok, (f"{label}{wv.shape[-1]} candidates, max |value diff| by rank {worst:.3f} (tolerance {LOGIT_TOL}); "
+                f"best id equal in {int(same.sum())}/{int(decided.sum())} clear rows")

@@ -1,0 +1,65 @@
+"""The engine's prefill side (`Engine` inherits it): a whole prompt through a prefill bucket, or the next
+tokens of a prompt through the extend graph (a chunk of chunked prefill, or the rest of a prompt whose prefix
+its slot already held), and what a slot keeps when its sequence ends (prefix reuse). Needs the engine's
+`backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`, `extend_t` and its sampling helpers."""
+
+from __future__ import annotations
+
+from neuron_workers.engine.events import TokenEvent
+from neuron_workers.engine.sampling import Row, needs_logits
+from neuron_workers.engine.sequence import Sequence
+from neuron_workers.model.extend_inputs import extend_inputs
+from neuron_workers.model.host_inputs import choose_bucket, prefill_inputs
+from neuron_workers.model.spec import PREFILL
+
+
+class Prefills:
+    def _prefill_work(self, seq: Sequence, n: int) -> TokenEvent | None:
+        """Prefill `n` more prompt tokens of `seq` (from `seq.prefilled`): the first token's event once the
+        prompt is done, else None."""
+        if seq.prefilled == 0 and n == len(seq.prompt_ids):
+            return self._prefill(seq)
+        return self._extend(seq, n)
+
+    def _prefill(self, seq: Sequence) -> TokenEvent:
+        ids = seq.prompt_ids
+        bucket = choose_bucket(len(ids), self.backend.buckets)
+        spec = self.backend.spec(PREFILL, bucket)
+        inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
+        logits = self.backend.prefill(bucket, inputs)
+        self.scheduler.prefilled(seq, len(ids))
+        self.batch.start(seq.slot, len(ids))
+        return self._emit(seq, self._sample(logits, [(0, seq)])[0])
+
+    def _extend(self, seq: Sequence, n: int) -> TokenEvent | None:
+        """The next `n` prompt tokens of `seq` through the extend graph (T = extend_t, one row); the last
+        piece samples the first token, the others leave the slot parked (its decode row writes only where the
+        next piece writes)."""
+        start = seq.prefilled
+        last = start + n == len(seq.prompt_ids)
+        rows = self._rows([(0, seq)]) if last else []
+        k = self.backend.candidates
+        logits = not k or any(needs_logits(r, k) for r in rows if isinstance(r, Row))
+        spec = self.backend.extend_spec(self.extend_t, 1, logits=logits)
+        inputs = extend_inputs(spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
+                               self.dims.sliding_window)
+        scores = self.backend.extend(spec, inputs)
+        self.scheduler.prefilled(seq, n)
+        if not last:
+            self.batch.park(seq.slot, seq.prefilled)
+            return None
+        self.batch.start(seq.slot, len(seq.prompt_ids))
+        return self._emit(seq, self._pick(scores, rows)[0])
+
+    def _vacate(self, slot: int, seq: Sequence | None) -> None:
+        """`slot` is free: with prefix reuse it keeps what `seq` left in it (None: nothing worth keeping, e.g.
+        after a failure) and its idle decode row is parked just past that history, where a write harms nothing
+        a later match reads (`PrefixCache`); else its row decodes a pad at position 0."""
+        history = seq.cached if seq is not None and self.prefix is not None else []
+        if history and len(history) < self.max_context:
+            self.prefix.keep(slot, history, seq.reach)
+            self.batch.park(slot, len(history))
+            return
+        if self.prefix is not None:
+            self.prefix.drop(slot)
+        self.batch.free(slot)

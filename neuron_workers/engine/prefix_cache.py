@@ -1,0 +1,85 @@
+"""PrefixCache: what free slots still hold, and which one a new prompt should take (prefix reuse).
+
+A sequence that finishes or is cancelled leaves its slot's KV in place, with the token history that KV
+holds (`keep`): the prompt tokens prefilled so far and every generated token but the last (the last one was
+never fed). A new sequence is admitted into the free slot whose kept history shares the longest usable
+common prefix with its prompt (`choose`) and prefills only the rest (the engine runs it through the extend
+graph); with no usable match it takes an empty slot, else the least recently used kept one.
+
+Usable: full layers keep every position, but a sliding layer's ring (the window W plus a slack) keeps only
+the newest `ring` positions written. Extending from position `lcp` needs the keys at positions
+>= lcp - W + 1; a slot whose history holds K positions, whose idle decode row writes position K (it is
+parked there: `DecodeBatch.park`) and whose verify steps may have written rejected drafts further (its
+`reach`: at least K + 1), has overwritten every position < reach - ring. So a match of `lcp` tokens is
+usable when max(0, lcp - W + 1) >= reach - ring: always while the history fits the ring, otherwise when
+the history ends at most `ring - W` (the slack) tokens after the match (a chat turn whose re-rendered answer
+differs from the generated ids only near its end). Anything else is a full prefill, never a wrong answer.
+At least one prompt token is always fed (it gives the first token's logits), and a match shorter than
+`MIN_REUSE` tokens (the BOS and turn marker every chat starts with) is not worth an extend call. Pure host
+logic.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+MIN_REUSE = 16
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n, i = min(len(a), len(b)), 0
+    while i < n and a[i:i + 64] == b[i:i + 64]:  # whole blocks compared in C
+        i = min(n, i + 64)
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    def __init__(self, window: int, ring: int):
+        self.window, self.ring = window, ring
+        self.kept: dict[int, tuple[list[int], int, int]] = {}  # free slot -> (history with KV, reach, last use)
+        self._clock = itertools.count()
+        self.query_tokens = 0  # prompt tokens of the sequences admitted (Prometheus: prefix_cache_query_tokens)
+        self.hit_tokens = 0  # of which read from a kept slot instead of prefilled
+
+    def usable(self, lcp: int, reach: int) -> bool:
+        """Whether the first `lcp` positions of a slot written up to `reach` (exclusive) are all still there."""
+        return max(0, lcp - self.window + 1) >= reach - self.ring
+
+    def keep(self, slot: int, history: list[int], reach: int = 0) -> None:
+        """`slot` is free and its KV holds `history` (positions 0 .. len - 1); positions up to `reach` may have
+        been written past it (rejected drafts), and its parked decode row writes position len(history)."""
+        if history:
+            self.kept[slot] = (list(history), max(reach, len(history) + 1), next(self._clock))
+        else:
+            self.kept.pop(slot, None)
+
+    def drop(self, slot: int) -> None:
+        self.kept.pop(slot, None)
+
+    def match(self, prompt: list[int], slot: int) -> int:
+        """Tokens of `prompt` that `slot` can give without prefilling them (0: none usable)."""
+        if slot not in self.kept:
+            return 0
+        history, reach, _ = self.kept[slot]
+        lcp = min(common_prefix(prompt, history), len(prompt) - 1)
+        return lcp if lcp >= MIN_REUSE and self.usable(lcp, reach) else 0
+
+    def choose(self, prompt: list[int], free: list[int]) -> tuple[int, int]:
+        """(slot, reused tokens) for `prompt` among the `free` slots: the longest usable match (the most
+        recently used on a tie), else an empty slot, else the least recently used kept one."""
+        best = max(((self.match(prompt, s), self.kept[s][2], s) for s in free if s in self.kept), default=None)
+        if best is not None and best[0] > 0:
+            return best[2], best[0]
+        empty = [s for s in free if s not in self.kept]
+        if empty:
+            return empty[0], 0
+        return min(free, key=lambda s: self.kept[s][2]), 0
+
+    def take(self, slot: int, prompt_tokens: int, reused: int) -> None:
+        """A sequence of `prompt_tokens` was admitted into `slot`, reusing `reused` of them."""
+        self.kept.pop(slot, None)
+        self.query_tokens += prompt_tokens
+        self.hit_tokens += reused
