@@ -56,7 +56,7 @@ def main() -> int:
         rate, ref = {}, {}
         for b in sizes:
             engine = build_engine(EngineConfig(model=str(path), max_context=args.max_context, max_batch=b,
-                                               threads=args.threads))
+                                               threads=args.threads, prefix_cache=False))  # prompts repeat
             run(engine, prompts[:b], 8)  # warm-up
             best = 0.0
             for _ in range(args.repeats):

@@ -63,7 +63,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_checkpoint(Path(tmp) / "mid", "gemma4", MID)
         engine = build_engine(EngineConfig(model=str(path), max_context=args.max_context, cpu_mode=args.cpu_mode,
-                                           max_batch=1))
+                                           max_batch=1, prefix_cache=False))  # HF reuses nothing either
         ref = tf.Gemma4ForConditionalGeneration.from_pretrained(str(path), attn_implementation="eager").eval()
         ref.generation_config.eos_token_id = None
         ids = list(range(100, 164))

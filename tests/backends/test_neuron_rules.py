@@ -36,10 +36,11 @@ def test_every_graph_reads_and_rewrites_every_kv_buffer(name, tiny_dirs):
     make_buffers_persistent(m.hf_lm)
     module = graph_model(m.hf_lm, m.dims, 32, 3, torch.bfloat16)
     k = decode_candidates(m.dims)
-    for phase, bucket, rows, cand, every in ((PREFILL, 1, 0, 0, False), (PREFILL, 16, 0, 0, False),
-                                             (DECODE, 1, 0, 0, False), (DECODE, 1, 0, k, False),
-                                             (EXTEND, 8, 1, k, False), (EXTEND, 8, 1, 0, False),
-                                             (EXTEND, 4, 3, k, True)):
+    graphs = [(PREFILL, 1, 0, 0, False), (PREFILL, 16, 0, 0, False), (DECODE, 1, 0, 0, False),
+              (DECODE, 1, 0, k, False), (EXTEND, 4, 3, k, True)]
+    if name == "gemma4-e4b-tiny":  # the chunk variants write the KV as the verify one does: one structure (CI time)
+        graphs += [(EXTEND, 8, 1, k, False), (EXTEND, 8, 1, 0, False)]
+    for phase, bucket, rows, cand, every in graphs:
         spec = make_spec(m.dims, phase, 3, bucket, 32, torch.bfloat16, ID_DTYPE, None, cand, rows, every)
         module.candidates, module.per_position = cand, every  # the variant, as the build sets it before a trace
         uses, weights = trace_facts(module, tuple(t.zeros() for t in spec.host_inputs))

@@ -1,8 +1,9 @@
 """Speculative decoding (tiny checkpoints, fp32): greedy tokens with drafts equal transformers' and the plain
 engine's, for every acceptance length (an oracle drafter right for a varying number of tokens, then wrong),
-for k = 1, 3 and 8 (the tiny rings' slack), with plain rows decoding beside the verified ones, with the real
-prompt-lookup drafter, at TP=2; prefix reuse stays exact after rejected drafts; sampled rows follow the
-target's distribution (chi-square on a small vocabulary); the drafter and the settings' checks."""
+for k = 3 on the three structures and k = 1 and 8 (the tiny rings' slack) on the E4B-like one, with plain rows
+decoding beside the verified ones, with the real prompt-lookup drafter, at TP=2; prefix reuse stays exact
+after rejected drafts; sampled rows follow the target's distribution (chi-square on a small vocabulary); the
+drafter and the settings' checks."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def run(eng, jobs):
 def test_greedy_with_drafts_equals_transformers(name, tiny_dirs):
     ref = hf_reference(tiny_dirs[name])
     want = {tuple(p): hf_greedy(ref, p, 40) for p in (A, B, C)}
-    for k in (1, 3, 8):
+    for k in (1, 3, 8) if name == "gemma4-e4b-tiny" else (3,):  # every k on one structure (CI time)
         eng = engine(tiny_dirs[name], k)
         eng.drafter = Oracle(want, eng.dims.vocab_size)
         got = run(eng, [(A, 40, None), (B, 30, 2), (C, 25, None)])  # B asks logprobs: it decodes beside

@@ -102,7 +102,9 @@ def test_compile_hlo_writes_each_graph_and_the_audit(tiny_dirs, tmp_path, capsys
     out = tmp_path / "hlo"
     assert compile_main(["hlo", "--model", str(tiny_dirs["gemma4-e2b-tiny"]), "--out", str(out), "--batch", "2",
                          "--max-context", "64", "--prefill-buckets", "32"]) == 0
+    # extend_1x16: the prefix cache's extend graph (chunking is off at the tiny ring, reuse is on)
     assert sorted(p.name for p in out.iterdir()) == ["audit.json", "decode.hlo.txt", "decode_logits.hlo.txt",
+                                                      "extend_1x16.hlo.txt", "extend_1x16_logits.hlo.txt",
                                                       "extend_2x8_all.hlo.txt", "prefill_32.hlo.txt"]
     report = json.loads((out / "audit.json").read_text())
     assert report["decode"]["kv_selects"] == 0 and report["decode"]["ops"]["scatter"] == 12
