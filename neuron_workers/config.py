@@ -44,6 +44,7 @@ class EngineConfig:
     # rest only (engine/prefix_cache.py; needs an extend graph: off for artifacts built without one)
     speculative_method: str | None = None  # "ngram": prompt-lookup drafts verified by the extend graph
     num_speculative_tokens: int | None = None  # drafts per row and step (default 4 with a method; <= ring slack)
+    draft_model: str | None = None  # a gemma4_assistant checkpoint: MTP drafts (engine/mtp.py); cpu backend, tp=1
 
     def __post_init__(self):
         _one_of("backend", self.backend, BACKENDS)
@@ -56,7 +57,7 @@ class EngineConfig:
             raise UserError(f"threads must be >= 1, got {self.threads}", param="threads")
         if self.prefill_chunk is not None and self.prefill_chunk < 0:
             raise UserError(f"prefill_chunk must be >= 0 (0: off), got {self.prefill_chunk}", param="prefill_chunk")
-        _check_speculative(self.speculative_method, self.num_speculative_tokens)
+        _check_speculative(self.speculative_method, self.num_speculative_tokens, self.draft_model)
         if self.max_context is not None and self.max_context < 2:
             raise UserError(f"max_context must be >= 2, got {self.max_context}", param="max_context")
         if self.prefill_buckets is not None:
@@ -99,18 +100,22 @@ SPECULATIVE_METHODS = ("ngram",)
 DEFAULT_SPECULATIVE_TOKENS = 4
 
 
-def _check_speculative(method: str | None, k: int | None) -> None:
+def _check_speculative(method: str | None, k: int | None, draft_model: str | None = None) -> None:
     if method is not None:
         _one_of("speculative_method", method, SPECULATIVE_METHODS)
+    if method is not None and draft_model is not None:
+        raise UserError("draft_model (MTP drafts) and speculative_method (ngram drafts) are two drafters: set one",
+                        param="draft_model")
     if k is not None and (not isinstance(k, int) or k < 0):
         raise UserError(f"num_speculative_tokens must be an integer >= 0, got {k!r}", param="num_speculative_tokens")
-    if k and method is None:
-        raise UserError("num_speculative_tokens needs a speculative_method (ngram)", param="speculative_method")
+    if k and method is None and draft_model is None:
+        raise UserError("num_speculative_tokens needs a drafter: draft_model or speculative_method (ngram)",
+                        param="speculative_method")
 
 
 def speculative_tokens(cfg: "EngineConfig") -> int:
-    """Drafts per row and step: 0 without a method, else the configured number or the default."""
-    if cfg.speculative_method is None:
+    """Drafts per row and step: 0 without a drafter, else the configured number or the default."""
+    if cfg.speculative_method is None and cfg.draft_model is None:
         return 0
     return DEFAULT_SPECULATIVE_TOKENS if cfg.num_speculative_tokens is None else cfg.num_speculative_tokens
 

@@ -37,9 +37,13 @@ def build_engine(cfg: EngineConfig) -> Engine:
         if cfg.tp != 1:
             raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: README, 'The xla "
                             "backend')", param="tp")
+    if cfg.draft_model and (cfg.backend != "cpu" or cfg.tp != 1):
+        raise UserError("draft_model (MTP drafts) runs on the cpu backend at tp=1 so far; the draft graph has no "
+                        "xla, tp or Neuron build yet (README, 'Speculative decoding')", param="draft_model")
     model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
-    check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx)
+    check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx,
+                             mtp=bool(cfg.draft_model))
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
     if cfg.backend == "xla":
         from neuron_workers.backends.xla import XlaBackend
@@ -59,8 +63,22 @@ def build_engine(cfg: EngineConfig) -> Engine:
     chunk = resolve_prefill_chunk(cfg.prefill_chunk, kind, ring, ctx)
     extend_t = resolve_extend_t(chunk, kind, ring, ctx) if chunk or cfg.prefix_cache else 0
     backend.extend_buckets = (extend_t,) if extend_t else ()
-    return Engine(model, backend, prefill_chunk=chunk, prefix_cache=cfg.prefix_cache, extend_t=extend_t,
-                  speculative_tokens=speculative_tokens(cfg))
+    engine = Engine(model, backend, prefill_chunk=chunk, prefix_cache=cfg.prefix_cache, extend_t=extend_t,
+                    speculative_tokens=speculative_tokens(cfg))
+    if cfg.draft_model:
+        attach_mtp(engine, cfg.draft_model, DTYPES[cfg.dtype])
+    return engine
+
+
+def attach_mtp(engine: Engine, draft_model: str, dtype: torch.dtype) -> None:
+    """Load the `gemma4_assistant` checkpoint, check it fits the target, and make it the engine's drafter."""
+    from neuron_workers.engine.mtp import MtpDrafter
+    from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info
+
+    check_pairing(read_assistant_info(draft_model), engine.dims)
+    assistant = load_assistant(draft_model, dtype)
+    engine.backend.attach_drafter(assistant)
+    engine.drafter = MtpDrafter(engine.backend, engine.dims.hidden_size, assistant.model.config.sliding_window)
 
 
 def resolve_buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:

@@ -59,7 +59,9 @@ def parse_args(argv):
                          "reuses the KV its slot kept)")
     ap.add_argument("--speculative-method", choices=["ngram"],
                     help="speculative decoding: ngram = prompt-lookup drafts, verified by the target model")
-    ap.add_argument("--num-speculative-tokens", type=int, help="drafts per step (default 4 with a method)")
+    ap.add_argument("--draft-model", help="speculative decoding with an MTP drafter: a gemma4_assistant checkpoint "
+                                          "directory (google/gemma-4-*-it-assistant; cpu backend, tp=1)")
+    ap.add_argument("--num-speculative-tokens", type=int, help="drafts per step (default 4 with a drafter)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     args = ap.parse_args(argv)
     if not args.prompt and not args.prompt_ids:
@@ -82,6 +84,7 @@ def run(args) -> list[dict]:
                                        prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache,
                                        speculative_method=args.speculative_method,
                                        num_speculative_tokens=args.num_speculative_tokens,
+                                       draft_model=args.draft_model,
                                        max_batch=args.max_batch or (None if args.artifacts else 1)))
     try:
         if args.prompt:

@@ -59,20 +59,21 @@ class GraphBackend:
         self._specs: dict[tuple[str, int, int], GraphSpec] = {}
         self.candidates = decode_candidates(dims)
         self.extend_buckets: tuple[int, ...] = ()
+        self.hidden_states = False  # candidate graphs also return the hidden state (`attach_drafter`)
 
     def spec(self, phase: str, bucket: int = 1, candidates: int = 0, rows: int = 0,
-             per_position: bool = False) -> GraphSpec:
-        key = (phase, bucket if phase in (PREFILL, EXTEND) else 1, candidates, rows, per_position)
+             per_position: bool = False, hidden: bool = False) -> GraphSpec:
+        key = (phase, bucket if phase in (PREFILL, EXTEND) else 1, candidates, rows, per_position, hidden)
         if key not in self._specs:
             self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
-                                         self.id_dtype, self.kv_heads, candidates, rows, per_position)
+                                         self.id_dtype, self.kv_heads, candidates, rows, per_position, hidden)
         return self._specs[key]
 
     def extend_spec(self, t: int, rows: int = 1, logits: bool = False, per_position: bool = False) -> GraphSpec:
         """The extend graph of `rows` x `t` new tokens: top-K candidates of the last position (of every
         position with `per_position`), or the last position's full logits (`logits`)."""
         k = 0 if logits or not self.candidates else self.candidates
-        return self.spec(EXTEND, t, k, rows, per_position and bool(k))
+        return self.spec(EXTEND, t, k, rows, per_position and bool(k), self.hidden_states and bool(k))
 
     def extend(self, spec: GraphSpec, inputs):
         """Run an extend graph (`extend_spec`): its candidates (a `Candidates`) or logits [rows, vocab]."""
@@ -88,7 +89,17 @@ class GraphBackend:
     def decode_candidates(self, inputs) -> Candidates:
         if not self.candidates:
             raise RuntimeError("this backend has no top-K decode graph: use decode")
-        return Candidates(*self._run(self.spec(DECODE, 1, self.candidates), inputs))
+        return Candidates(*self._run(self.spec(DECODE, 1, self.candidates, hidden=self.hidden_states), inputs))
+
+    def attach_drafter(self, assistant) -> None:
+        """Run `assistant` (`model.assistant.Assistant`) as the MTP drafter: `draft` steps over the KV buffers,
+        and the candidate graphs return the hidden state it reads."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP drafter")
+
+    def draft(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step for every slot (`draft_graph.DraftGraph`'s host inputs): (draft ids [B, 1], the
+        drafter's next hidden state [B, 1, H])."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP drafter")
 
     def _run(self, spec: GraphSpec, inputs):
         raise NotImplementedError

@@ -13,7 +13,7 @@ import torch
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.config import CPU_MODES
-from neuron_workers.model.dims import ModelDims
+from neuron_workers.model.dims import FULL, SLIDING, ModelDims
 from neuron_workers.model.graphs import build_graph
 from neuron_workers.model.spec import DECODE, GraphSpec
 
@@ -46,6 +46,20 @@ class CpuBackend(GraphBackend):
         n = spec.num_heads
         self.kv = list(out[n:])
         return out[0] if n == 1 else tuple(out[:n])
+
+    def attach_drafter(self, assistant) -> None:
+        from neuron_workers.model.assistant import store_layers
+        from neuron_workers.model.draft_graph import DraftGraph
+
+        self.draft_graph = DraftGraph(assistant, self.hf_lm.model.embed_tokens, self.id_dtype).eval()
+        at = {layer: 2 * j for j, layer in enumerate(self.dims.kv_layers)}
+        self.draft_kv = [at[layer] + i for layer in (store_layers(self.dims)[t] for t in (FULL, SLIDING))
+                         for i in (0, 1)]  # k, v of the full store layer, then of the sliding one
+        self.hidden_states = True
+
+    @torch.inference_mode()
+    def draft(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.draft_graph(*inputs, *(self.kv[i] for i in self.draft_kv))
 
     def close(self) -> None:
         self._graphs.clear()

@@ -144,6 +144,8 @@ class Engine(Texts, Prefills, Speculation):
             k = getattr(self.backend, "candidates", 0)  # the top-K decode graph, when no row needs the logits
             if k and not any(needs_logits(r, k) for r in rows if isinstance(r, Row)):
                 scores = self.backend.decode_candidates(inputs)
+                for s in running if scores.hidden is not None else ():
+                    self._keep_hidden(s, scores.hidden[s.slot], s.next_position)
             else:
                 scores = self.backend.decode(inputs)
             picks = self._pick(scores, rows)

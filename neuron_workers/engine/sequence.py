@@ -47,6 +47,8 @@ class Sequence:
     reused: int = 0  # of which the slot held already when it was admitted (prefix reuse)
     reach: int = 0  # 1 + the furthest position a verify step wrote (rejected drafts included)
     ngrams: object | None = None  # drafts.NgramIndex of its tokens, with prompt-lookup speculation
+    hidden: object | None = None  # MTP drafter: the target's last hidden state [H] at position `hidden_at`
+    hidden_at: int = -1
 
     @property
     def cached(self) -> list[int]:

@@ -9,6 +9,11 @@ do not speculate: they decode in the same step through the decode graph, the ver
 position their verify writes first. Positions written for rejected drafts are abandoned: full layers mask
 them until they are overwritten, and a ring overwrites with them only entries at least the slack (64; the
 tiny models 8) behind, which no later query reads, so k is at most the ring slack.
+
+With `draft_model` the drafts come from the MTP drafter (`engine/mtp.py`: k draft steps over all slots
+before the verify); its sliding layers read one ring entry more than the target's (W + 1 keys), so k is
+at most the slack less one. Decode and verify steps then also return the target's last hidden state,
+which each row keeps for its next round.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from neuron_workers.errors import UserError
 from neuron_workers.model.extend_inputs import extend_inputs
 
 
-def check_speculative_tokens(k: int, ring: int, window: int, max_context: int) -> None:
+def check_speculative_tokens(k: int, ring: int, window: int, max_context: int, mtp: bool = False) -> None:
     """k drafts write k positions past what a row keeps: at most the ring's slack (unless the ring holds the
-    whole context and never wraps)."""
-    slack = max_context if ring >= max_context else ring - window
+    whole context and never wraps); one less for the MTP drafter, which reads W + 1 ring entries."""
+    slack = max_context if ring >= max_context else ring - window - int(mtp)
     if not 0 <= k <= slack:
         raise UserError(f"num_speculative_tokens must be in [0, {slack}] (the sliding rings' slack: a rejected "
                         "draft's position must not overwrite the window)", param="num_speculative_tokens")
@@ -42,15 +47,27 @@ class Speculation:
         k = self.backend.candidates
         return bool(k) and seq.grammar is None and seq.logprobs is None and serves(k, seq.params)
 
-    def _drafts(self, seq: Sequence) -> list[int]:
-        room = min(self.spec_k, seq.params.max_tokens - len(seq.output_ids) - 1,
+    def _room(self, seq: Sequence) -> int:
+        return min(self.spec_k, seq.params.max_tokens - len(seq.output_ids) - 1,
                    self.max_context - 1 - seq.next_position)
-        return list(self.drafter.propose(seq, room))[:room] if room > 0 else []
+
+    def _drafts(self, verify: list[Sequence]) -> dict[int, list[int]]:
+        rooms = {s.seq_id: self._room(s) for s in verify}
+        if hasattr(self.drafter, "propose_all"):  # the MTP drafter: one batched draft step per token
+            return self.drafter.propose_all(verify, rooms)
+        return {s.seq_id: list(self.drafter.propose(s, rooms[s.seq_id]))[:rooms[s.seq_id]]
+                if rooms[s.seq_id] > 0 else [] for s in verify}
+
+    @staticmethod
+    def _keep_hidden(seq: Sequence, hidden, position: int) -> None:
+        """The target's hidden state at `position` (where the row's next token came from), for the drafter."""
+        if hidden is not None:
+            seq.hidden, seq.hidden_at = hidden.clone(), position
 
     def _speculate(self, running: list[Sequence]) -> list[EngineEvent]:
         """One step for `running`: a verify step for the rows that speculate, a decode step for the others."""
         verify = [s for s in running if self._can_speculate(s)]
-        drafts = {s.seq_id: self._drafts(s) for s in verify}
+        drafts = self._drafts(verify)
         if not any(drafts.values()):
             return self._decode(running)
         plain = [s for s in running if s.seq_id not in drafts]
@@ -80,6 +97,8 @@ class Speculation:
         self.spec_draft_tokens += len(drafts)
         self.spec_accepted_tokens += len(tokens) - 1
         seq.reach = max(seq.reach, seq.next_position + 1 + len(drafts))
+        n = len(tokens) - 1  # drafts kept: the next token came from the verify's position n
+        self._keep_hidden(seq, None if cands.hidden is None else cands.hidden[row, n], seq.next_position + n)
         events = []
         for t in tokens:
             ev = self._emit(seq, Sampled(t))

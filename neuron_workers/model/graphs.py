@@ -115,29 +115,30 @@ class GemmaGraph(nn.Module):
         else:
             cache = DecodeKV(self.dims, kv, x["position_ids"])
         hidden = self._decoder(x, cache)
-        if self.spec.per_position:  # [R, T, H] -> every position's candidates [R, T, K]
+        if self.spec.per_position:  # [R, T, H] -> every position's candidates [R, T, K] (and hidden [R, T, H])
             r, t = hidden.shape[:2]
-            values, ids = self._head(hidden.reshape(r * t, 1, -1))
-            return values.reshape(r, t, -1), ids.reshape(r, t, -1), *cache.kv
+            return (*(x.reshape(r, t, -1) for x in self._head(hidden.reshape(r * t, 1, -1))), *cache.kv)
         return (*self._head(hidden), *cache.kv)
 
     def _head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The tied LM head; the top-K variant keeps each row's K best raw logits (the soft-cap is
         monotone, so they are the K best after it too) and their ids, best first, with the tiled top-K
         (`tiled_topk`). A vocabulary-parallel head (tp > 1: it has `local_logits`) takes the top-K of its
-        own shard and gathers only the candidates; `decode_logits` gathers the logits."""
+        own shard and gathers only the candidates; `decode_logits` gathers the logits. A `hidden` graph also
+        returns the normed hidden state (what an MTP drafter reads)."""
         normed = self.model.norm(hidden)
         k = self.spec.candidates
         local = getattr(self.lm_head, "local_logits", None)
         if k and local is not None:
             values, ids = sharded_topk(local(normed)[:, 0, :], k, self.lm_head.gather, self.dims.vocab_size,
                                        self.topk_op)
-            return values, ids.to(self.spec.outputs[1].dtype)
-        logits = self.lm_head(normed)[:, 0, :]
-        if not k:
-            return (logits,)
-        values, ids = tiled_topk(logits, k, self.topk_op)
-        return values, ids.to(self.spec.outputs[1].dtype)
+        else:
+            logits = self.lm_head(normed)[:, 0, :]
+            if not k:
+                return (logits,)
+            values, ids = tiled_topk(logits, k, self.topk_op)
+        out = (values, ids.to(self.spec.outputs[1].dtype))
+        return out + (normed[:, 0, :],) if self.spec.hidden else out
 
     def _decoder(self, x: dict, cache) -> torch.Tensor:
         m, dims = self.model, self.dims

@@ -42,6 +42,7 @@ class Candidates(NamedTuple):
 
     values: torch.Tensor  # [rows, K], the graph's dtype
     ids: torch.Tensor  # [rows, K], the graph's id dtype
+    hidden: torch.Tensor | None = None  # [rows, H]: the last hidden state after the final norm (`hidden` graphs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class GraphSpec:
     candidates: int = 0  # decode / extend: K > 0 returns top-K candidates, 0 the full logits
     rows: int = 0  # extend: rows R of new tokens (each written into the slot its `slots` entry names)
     per_position: bool = False  # extend: candidates of every position [R, T, K] instead of the last one's
+    hidden: bool = False  # candidates come with the last hidden state after the final norm (an MTP drafter's input)
 
     @property
     def tag(self) -> str:
@@ -72,12 +74,12 @@ class GraphSpec:
             return f"{self.phase}_{self.seq_len}"
         if self.phase == EXTEND:
             head = ("_all" if self.per_position else "") if self.candidates else "_logits"
-            return f"extend_{self.rows}x{self.seq_len}{head}"
-        return DECODE if self.candidates else DECODE_LOGITS
+            return f"extend_{self.rows}x{self.seq_len}{head}{'_h' if self.hidden else ''}"
+        return (f"{DECODE}{'_h' if self.hidden else ''}") if self.candidates else DECODE_LOGITS
 
     @property
     def num_heads(self) -> int:
-        """Outputs before the KV buffers: 1 (logits) or 2 (candidate values and ids)."""
+        """Outputs before the KV buffers: 1 (logits), 2 (candidate values and ids) or 3 (and the hidden state)."""
         return len(self.outputs) - self.num_kv
 
     @property
@@ -110,17 +112,19 @@ def kv_specs(dims: ModelDims, batch: int, max_context: int, dtype: torch.dtype,
 def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context: int,
               dtype: torch.dtype = torch.float32, id_dtype: torch.dtype = torch.int64,
               kv_heads: tuple[int, ...] | None = None, candidates: int = 0, rows: int = 0,
-              per_position: bool = False) -> GraphSpec:
+              per_position: bool = False, hidden: bool = False) -> GraphSpec:
     """Inputs of a prefill graph (seq_len = bucket, one prompt into one of `batch` slots) or of the
     decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant)."""
     if phase not in (PREFILL, DECODE, EXTEND):
         raise ValueError(f"unknown phase {phase!r}")
     if candidates and (phase == PREFILL or not 0 < candidates <= dims.vocab_size):
         raise ValueError(f"candidates={candidates}: only decode and extend have them, at most the vocabulary")
+    if hidden and not candidates:
+        raise ValueError("the hidden state comes with candidates (decode and extend)")
     ring = dims.ring_size(max_context)
     if phase == EXTEND:
         return extend_spec(dims, batch, rows or batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates,
-                           per_position)
+                           per_position, hidden)
     if phase == DECODE:
         rows, s, kv_len = batch, 1, {FULL: max_context, SLIDING: ring}
     else:
@@ -138,14 +142,16 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
     if candidates:
         head = (TensorSpec("candidate_values", (rows, candidates), dtype),
                 TensorSpec("candidate_ids", (rows, candidates), id_dtype))
+        head += (TensorSpec("hidden", (rows, dims.hidden_size), dtype),) if hidden else ()
     else:
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
-    return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates)
+    return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates, hidden=hidden)
 
 
 
 def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int, dtype: torch.dtype,
-                id_dtype: torch.dtype, kv_heads, candidates: int, per_position: bool) -> GraphSpec:
+                id_dtype: torch.dtype, kv_heads, candidates: int, per_position: bool,
+                hidden: bool = False) -> GraphSpec:
     """The extend graph: `rows` x T new tokens over what their slots hold (`graphs.ExtendKV`). mask_full
     covers the full buffer after the write; mask_sliding the ring as it was before the chunk, then the chunk's
     own T keys. T is at most the ring (a chunk never writes one ring entry twice) and the context."""
@@ -165,6 +171,8 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
     if candidates:
         head = (TensorSpec("candidate_values", (*lead, candidates), dtype),
                 TensorSpec("candidate_ids", (*lead, candidates), id_dtype))
+        head += (TensorSpec("hidden", (*lead, dims.hidden_size), dtype),) if hidden else ()
     else:
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
-    return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position)
+    return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position,
+                     hidden)

@@ -1,0 +1,189 @@
+"""Speculative decoding with an MTP drafter (`draft_model`, a `gemma4_assistant` checkpoint; tiny, fp32).
+
+The draft graph equals transformers' own `Gemma4AssistantForCausalLM` (its kv_sharing_modes patched, as
+`testing.tiny_assistant` says) on the same target K/V, past the sliding window, with the centroid-masked head,
+on all three structures; every round of drafts the engine makes equals the drafts transformers' assistant
+makes from transformers' own target (its last hidden state and stored K/V); greedy tokens equal transformers'
+with a random drafter (drafts mostly rejected) and with a drafter that copies a looping target (every draft
+accepted), batched with a row that decodes beside; the hidden state a row keeps after any number of accepted
+drafts is transformers'; the loader refuses what does not fit, naming draft_model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from neuron_workers.config import EngineConfig
+from neuron_workers.engine.params import SamplingParams
+from neuron_workers.errors import UserError
+from neuron_workers.factory import build_engine
+from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info, store_layers
+from neuron_workers.model.draft_graph import DraftGraph, draft_masks
+from neuron_workers.model.loader import load_model
+from neuron_workers.testing.tiny_assistant import reference_assistant, write_copying_assistant, write_tiny_assistant
+
+from conftest import NAMES, hf_greedy, hf_reference
+
+CTX = 96
+A = [2] + [(5 * i) % 60 + 7 for i in range(21)]
+C = [2, 40, 41, 42, 43]
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("assistants")
+    return {name: write_tiny_assistant(tiny_dirs[name], out / name, seed=1) for name in NAMES}
+
+
+def engine(path, draft, k, **kw):
+    return build_engine(EngineConfig(model=str(path), max_context=CTX, prefill_buckets=(32, 96), max_batch=3,
+                                     draft_model=str(draft), num_speculative_tokens=k, **kw))
+
+
+def run(eng, jobs):
+    seqs = [eng.new_sequence(p, SamplingParams(max_tokens=n, ignore_eos=True), logprobs=lp) for p, n, lp in jobs]
+    for ev in eng.run_all(seqs):
+        assert not hasattr(ev, "message"), ev
+    return [s.output_ids for s in seqs]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_draft_graph_equals_transformers_assistant(name, tiny_dirs, drafters):
+    target, ours, ref = load_model(tiny_dirs[name]), load_assistant(drafters[name]), reference_assistant(drafters[name])
+    dims, window = target.dims, ours.model.config.sliding_window
+    assert ours.masked_embedding is not None  # the centroid-masked head of the real E2B / E4B assistants
+    sto, b, ring = store_layers(dims), 3, dims.ring_size(CTX)
+    gen = torch.Generator().manual_seed(0)
+    full = [torch.randn(dims.kv_shape(sto["full_attention"], b, CTX), generator=gen) for _ in "kv"]
+    heads, hd = dims.kv_shape(sto["sliding_attention"], b, CTX)[1::2]
+    true = [torch.randn(b, heads, CTX, hd, generator=gen) for _ in "kv"]  # sliding K/V of every position
+    q = torch.tensor([4, window + 1, 3 * window + 5])  # inside, at and well past the window (W + 1 keys)
+    ring_kv = [torch.zeros(b, heads, ring, hd) for _ in "kv"]
+    for row, n in enumerate(q.tolist()):
+        for p in range(n):
+            for r, t in zip(ring_kv, true):
+                r[row, :, p % ring] = t[row, :, p]
+    ids = torch.randint(0, dims.vocab_size, (b, 1), generator=gen)
+    hidden = torch.randn(b, 1, dims.hidden_size, generator=gen)
+    masks = draft_masks(q, CTX, ring, window, torch.float32)
+    with torch.no_grad():
+        drafts, nxt = DraftGraph(ours, target.hf_lm.model.embed_tokens)(ids, hidden, q[:, None], *masks, *full,
+                                                                          *ring_kv)
+        for row, n in enumerate(q.tolist()):
+            emb = target.hf_lm.model.embed_tokens(ids[row:row + 1])
+            kv = {"full_attention": tuple(x[row:row + 1, :, :n] for x in full),
+                  "sliding_attention": tuple(x[row:row + 1, :, :n] for x in true)}
+            out = ref(inputs_embeds=torch.cat([emb, hidden[row:row + 1]], -1), position_ids=torch.tensor([[n]]),
+                      attention_mask=torch.ones(1, n + 1, dtype=torch.long), shared_kv_states=kv)
+            assert int(drafts[row]) == int(out.logits[0, -1].argmax()), (name, n)
+            torch.testing.assert_close(nxt[row], out.last_hidden_state[0], rtol=1e-5, atol=1e-5)
+
+
+def storing(target, dims):
+    """transformers' target with its last sliding and last full KV layer returning their K/V (the E-models mark
+    them "store" themselves; the 12B, which shares no KV, marks none, so no transformers target hands its K/V
+    to an assistant: set here, on the layers that `assistant.store_layers` names)."""
+    for j in store_layers(dims).values():
+        target.model.language_model.layers[j].self_attn.store_full_length_kv = True
+    return target
+
+
+def reference_drafts(target, assistant, tokens: list[int], k: int) -> list[int]:
+    """transformers: the target over tokens[:-1] gives its last hidden state and stored K/V; the assistant drafts
+    k tokens from tokens[-1] at that position (as Gemma4AssistantCandidateGenerator, with exactly the K/V of the
+    positions before it)."""
+    q = len(tokens) - 1
+    with torch.no_grad():
+        out = target(torch.tensor([tokens[:-1]]), return_shared_kv_states=True, output_hidden_states=True,
+                     use_cache=False)
+        hidden, kv = out.hidden_states[-1][:, -1:], dict(out.shared_kv_states)
+        tok, drafts = torch.tensor([[tokens[-1]]]), []
+        for _ in range(k):
+            a = assistant(inputs_embeds=torch.cat([target.get_input_embeddings()(tok), hidden], -1),
+                          position_ids=torch.tensor([[q]]), attention_mask=torch.ones(1, q + 1, dtype=torch.long),
+                          shared_kv_states=kv)
+            tok, hidden = a.logits[:, -1:].argmax(-1), a.last_hidden_state
+            drafts.append(int(tok))
+    return drafts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_engine_drafts_and_greedy_tokens_equal_transformers(name, tiny_dirs, drafters):
+    """Every third round takes oracle drafts right for 0..k tokens in turn (so verifies keep any number of
+    drafts), the others the engine's MTP drafts (checked against transformers' assistant); every row ready to
+    draft holds transformers' last hidden state for the position before its next token."""
+    eng = engine(tiny_dirs[name], drafters[name], 3)
+    target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
+    want = {tuple(A): hf_greedy(target, A, 30), tuple(C): hf_greedy(target, C, 20)}
+    rounds, held, calls, propose = [], [], [], eng.drafter.propose_all
+
+    def oracle(s, room, i):
+        ref = want[tuple(s.prompt_ids)][len(s.output_ids):][:room]
+        return ref[:i % (room + 1)] + [(t + 1) % eng.dims.vocab_size for t in ref[i % (room + 1):]]
+
+    def drafts(seqs, rooms):
+        held.extend((s.prompt_ids + s.output_ids, s.hidden) for s in seqs if eng.drafter.ready(s))
+        calls.append(len(calls))
+        if len(calls) % 3 == 0:
+            return {s.seq_id: oracle(s, rooms[s.seq_id], len(calls) // 3) for s in seqs}
+        got = propose(seqs, rooms)
+        rounds.extend((s.prompt_ids + s.output_ids, got[s.seq_id]) for s in seqs if got[s.seq_id])
+        return got
+
+    eng.drafter.propose_all = drafts
+    got = run(eng, [(A, 30, None), (C, 20, 2)])  # C asks logprobs: it decodes beside, never drafts
+    assert got == [want[tuple(A)], want[tuple(C)]]
+    assert len(rounds) >= 3 and eng.spec_accepted_tokens > 2
+    assert {tuple(t[:len(C)]) for t, _ in rounds + held} == {tuple(A[:len(C)])}
+    with torch.no_grad():
+        for tokens, drafted in rounds:
+            assert drafted == reference_drafts(target, assistant, tokens, len(drafted)), (name, len(tokens))
+        for tokens, hidden in held[::2]:
+            h = target(torch.tensor([tokens[:-1]]), output_hidden_states=True, use_cache=False).hidden_states[-1]
+            torch.testing.assert_close(hidden, h[0, -1], rtol=1e-3, atol=1e-3)  # another one's is O(1) away
+
+
+@pytest.mark.slow
+def test_every_draft_accepted_from_a_copying_drafter(tiny_dirs, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    looping = tmp_path / "looping"  # the 12B-like target with no attention / MLP output: next token = f(token)
+    shutil.copytree(tiny_dirs["gemma4-12b-tiny"], looping)
+    w = load_file(str(looping / "model.safetensors"))
+    save_file({k: v * 0 if k.endswith(("o_proj.weight", "down_proj.weight")) else v for k, v in w.items()},
+              str(looping / "model.safetensors"))
+    draft = write_copying_assistant(looping, tmp_path / "copy")
+    want = hf_greedy(hf_reference(looping), A, 40)
+    for k in (1, 4):
+        eng = engine(looping, draft, k)
+        assert run(eng, [(A, 40, None), (C, 12, None)])[0] == want
+        assert eng.spec_accepted_tokens == eng.spec_draft_tokens > 0, k
+        assert eng.drafter.steps <= k * (40 // (k + 1) + 2), k  # k draft steps a round, k + 1 tokens a round
+
+
+def test_a_drafter_that_does_not_fit_is_refused(tiny_dirs, drafters, tmp_path):
+    e2b, e4b = load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False), drafters["gemma4-e4b-tiny"]
+    with pytest.raises(UserError, match="KV heads") as e:
+        check_pairing(read_assistant_info(e4b), e2b.dims)  # E4B's 2 KV heads against E2B's 1
+    assert e.value.param == "draft_model"
+    with pytest.raises(UserError, match="gemma4_assistant"):
+        read_assistant_info(tiny_dirs["gemma4-e4b-tiny"])  # a target is not a drafter
+    broken = shutil.copytree(e4b, tmp_path / "broken")
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(broken / "model.safetensors"))
+    del w["pre_projection.weight"]
+    save_file(w, str(broken / "model.safetensors"))
+    with pytest.raises(UserError, match="1 missing"):
+        load_assistant(broken)
+    cfg = json.loads((e4b / "config.json").read_text())
+    with pytest.raises(UserError, match="two drafters"):
+        EngineConfig(model="m", draft_model=str(e4b), speculative_method="ngram")
+    with pytest.raises(UserError, match="cpu backend at tp=1") as e:
+        build_engine(EngineConfig(model=str(tiny_dirs["gemma4-e4b-tiny"]), draft_model=str(e4b), tp=2))
+    assert e.value.param == "draft_model" and cfg["model_type"] == "gemma4_assistant"
