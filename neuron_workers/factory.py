@@ -23,6 +23,9 @@ from neuron_workers.model.loader import DTYPES, load_model
 def build_engine(cfg: EngineConfig) -> Engine:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.draft_model and (cfg.artifacts or cfg.backend != "cpu"):
+        raise UserError("draft_model (MTP drafts) runs on the cpu backend so far; the draft graph has no xla or "
+                        "Neuron build yet (README, 'Speculative decoding')", param="draft_model")
     if cfg.artifacts:
         from neuron_workers.artifacts.load import load_from_artifacts
 
@@ -37,9 +40,6 @@ def build_engine(cfg: EngineConfig) -> Engine:
         if cfg.tp != 1:
             raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: README, 'The xla "
                             "backend')", param="tp")
-    if cfg.draft_model and (cfg.backend != "cpu" or cfg.tp != 1):
-        raise UserError("draft_model (MTP drafts) runs on the cpu backend at tp=1 so far; the draft graph has no "
-                        "xla, tp or Neuron build yet (README, 'Speculative decoding')", param="draft_model")
     model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
     check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx,

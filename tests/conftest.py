@@ -13,7 +13,17 @@ import torch
 
 from neuron_workers.testing.tiny import TINY, ensure_tiny
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# one torch thread a worker when pytest-xdist runs two (the README's test command), two otherwise
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`) the tests that start Ray clusters and servers (tests/serve)
+    run on one worker, one at a time, as without it (they share the session's cluster and bind ports); the
+    rest spread over both workers."""
+    for item in items:
+        if "serve" in item.path.relative_to(Path(__file__).parent).parts[:1]:
+            item.add_marker(pytest.mark.xdist_group("serve"))
 
 NAMES = tuple(TINY)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model-configs"

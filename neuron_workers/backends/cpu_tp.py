@@ -3,7 +3,8 @@
 Each rank loads the checkpoint, shards it with `parallel.layers.apply_tp` and keeps its own KV buffers
 (as each NeuronCore would). The driver (the engine's process) sends every rank the same host-built
 inputs and reads the logits (or the top-K candidates) back from rank 0 (every rank holds the same
-all-gathered logits, so every rank computes the same candidates).
+all-gathered logits, so every rank computes the same candidates). An MTP drafter (`attach_drafter`) is loaded
+and sharded by every rank itself; its draft steps run on the ranks' own KV.
 """
 
 from __future__ import annotations
@@ -44,14 +45,27 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
             cmd = cmds.get()
             if cmd[0] == "close":
                 break
+            if cmd[0] == "attach":  # the MTP drafter: this rank loads and shards it
+                backend.attach_drafter(_sharded_assistant(cmd[1], dtype, tp, rank, TorchDistCollectives(tp)))
+                replies.put(("ready", rank, None))
+                continue
             key, inputs = cmd
-            out = backend._run(backend.spec(*key), inputs)
+            out = backend.draft(inputs) if key == "draft" else backend._run(backend.spec(*key), inputs)
             if rank == 0:
                 replies.put(("logits", rank, out.clone() if isinstance(out, torch.Tensor)
                              else tuple(t.clone() for t in out)))
         dist.destroy_process_group()
     except Exception:  # reported to the driver, which raises it
         replies.put(("error", rank, traceback.format_exc()))
+
+
+def _sharded_assistant(model_dir: str, dtype, tp: int, rank: int, coll):
+    from neuron_workers.model.assistant import load_assistant
+    from neuron_workers.parallel.layers import apply_tp_assistant
+    from neuron_workers.parallel.shard_plan import plan_for_assistant
+
+    assistant = load_assistant(model_dir, dtype)
+    return apply_tp_assistant(assistant, plan_for_assistant(assistant.info.text_config, tp), rank, coll)
 
 
 class TpCpuBackend(GraphBackend):
@@ -92,10 +106,25 @@ class TpCpuBackend(GraphBackend):
         return got
 
     def _run(self, spec: GraphSpec, inputs):
+        return self._ask((spec.phase, spec.seq_len, spec.candidates, spec.rows, spec.per_position, spec.hidden), inputs)
+
+    def _ask(self, key, inputs):
         for q in self.cmds:
-            key = (spec.phase, spec.seq_len, spec.candidates, spec.rows, spec.per_position)
             q.put((key, tuple(t.clone() for t in inputs)))
         return self._collect("logits", 1)[0]
+
+    def attach_drafter(self, assistant) -> None:
+        """Every rank loads the drafter from its directory and shards its layers (`apply_tp_assistant`)."""
+        from neuron_workers.parallel.shard_plan import plan_for_assistant
+
+        plan_for_assistant(assistant.info.text_config, self.tp)  # a UserError here, before the ranks try
+        for q in self.cmds:
+            q.put(("attach", str(assistant.info.model_dir)))
+        self._collect("ready", self.tp)
+        self.hidden_states = True
+
+    def draft(self, inputs):
+        return self._ask("draft", inputs)
 
     def close(self) -> None:
         for q, p in zip(self.cmds, self.procs):

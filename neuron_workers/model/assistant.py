@@ -156,7 +156,7 @@ def store_layers(dims: ModelDims) -> dict[str, int]:
 def check_pairing(info: AssistantInfo, dims: ModelDims) -> None:
     """Refuse an assistant made for another target, naming the first mismatch."""
     cfg, sto = info.text_config, store_layers(dims)
-    a = ModelDims.from_hf(_own_kv(cfg))
+    a = ModelDims.from_hf(own_kv(cfg))
     problems = []
     if info.backbone_hidden_size != dims.hidden_size:
         problems.append(f"backbone_hidden_size {info.backbone_hidden_size} != the target's hidden_size "
@@ -175,7 +175,7 @@ def check_pairing(info: AssistantInfo, dims: ModelDims) -> None:
         raise UserError(f"draft model {info.model_dir} does not fit the target: {problems[0]}", param=PARAM)
 
 
-def _own_kv(cfg: AllSharedTextConfig) -> Gemma4TextConfig:
+def own_kv(cfg: AllSharedTextConfig) -> Gemma4TextConfig:
     """The same config read as if no layer were shared (ModelDims wants a layer that stores each type)."""
     d = cfg.to_dict()
     d.pop("model_type", None)

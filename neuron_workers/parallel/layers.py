@@ -91,6 +91,24 @@ def _linear(plan, key, linear: nn.Linear, rank) -> nn.Linear:
 def apply_tp(hf_lm: nn.Module, plan: ShardPlan, rank: int, coll: Collectives) -> nn.Module:
     """Shard `hf_lm` in place for `rank`; returns it."""
     m = hf_lm.model
+    shard_layers(m, plan, rank, coll)
+    emb = m.embed_tokens
+    m.embed_tokens = VocabParallelEmbedding(shard_tensor(plan, "model.embed_tokens.weight", emb.weight.data, rank),
+                                            rank * plan.vocab_per_rank, emb.scalar_embed_scale, coll)
+    hf_lm.lm_head = VocabParallelHead(m.embed_tokens, coll)
+    return hf_lm
+
+
+@torch.no_grad()
+def apply_tp_assistant(assistant: nn.Module, plan: ShardPlan, rank: int, coll: Collectives) -> nn.Module:
+    """Shard an MTP drafter (`model.assistant.Assistant`) in place: its layers as the target's (query heads
+    split as the K/V they read from the target's store layers, `plan_for_assistant`); its embedding, head
+    and projections stay whole (the centroid-masked head reads whole rows of it; small beside the target)."""
+    shard_layers(assistant.model, plan, rank, coll)
+    return assistant
+
+
+def shard_layers(m: nn.Module, plan: ShardPlan, rank: int, coll: Collectives) -> None:
     for i, layer in enumerate(m.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"model.layers.{i}."
         for name in ("q_proj", "k_proj", "v_proj"):
@@ -104,9 +122,4 @@ def apply_tp(hf_lm: nn.Module, plan: ShardPlan, rank: int, coll: Collectives) ->
         mlp.up_proj = _linear(plan, pre + "mlp.up_proj.weight", mlp.up_proj, rank)
         mlp.down_proj = RowParallelLinear(shard_tensor(plan, pre + "mlp.down_proj.weight", mlp.down_proj.weight.data,
                                                        rank), coll)
-    emb = m.embed_tokens
-    m.embed_tokens = VocabParallelEmbedding(shard_tensor(plan, "model.embed_tokens.weight", emb.weight.data, rank),
-                                            rank * plan.vocab_per_rank, emb.scalar_embed_scale, coll)
-    hf_lm.lm_head = VocabParallelHead(m.embed_tokens, coll)
-    return hf_lm
 

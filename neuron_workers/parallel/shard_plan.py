@@ -135,3 +135,13 @@ def intermediate_sizes(text_config) -> tuple[int, ...]:
 
 def plan_for(text_config, tp: int) -> ShardPlan:
     return make_plan(ModelDims.from_hf(text_config), intermediate_sizes(text_config), tp)
+
+
+def plan_for_assistant(text_config, tp: int) -> ShardPlan:
+    """An MTP drafter's plan: each layer split as if it owned K/V with the heads of the target layer it reads
+    (`assistant.check_pairing` makes those equal), so its rank-local query heads meet that layer's
+    rank-local K/V with the same query -> KV mapping."""
+    from neuron_workers.model.assistant import own_kv
+
+    cfg = own_kv(text_config)
+    return make_plan(ModelDims.from_hf(cfg), intermediate_sizes(cfg), tp)

@@ -6,7 +6,7 @@ on all three structures; every round of drafts the engine makes equals the draft
 makes from transformers' own target (its last hidden state and stored K/V); greedy tokens equal transformers'
 with a random drafter (drafts mostly rejected) and with a drafter that copies a looping target (every draft
 accepted), batched with a row that decodes beside; the hidden state a row keeps after any number of accepted
-drafts is transformers'; the loader refuses what does not fit, naming draft_model.
+drafts is transformers'; the same at TP=2; the loader refuses what does not fit, naming draft_model.
 """
 
 from __future__ import annotations
@@ -149,6 +149,30 @@ def test_engine_drafts_and_greedy_tokens_equal_transformers(name, tiny_dirs, dra
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma4-12b-tiny"])  # split and replicated K/V (E4B-like: split only)
+def test_drafts_at_tp2(name, tiny_dirs, drafters):
+    """TP=2: the drafter's query heads split as the K/V they read (12B-like: sliding K/V split, the full layer's
+    one KV head replicated; E4B-like: both split); drafts and tokens as transformers'."""
+    eng = engine(tiny_dirs[name], drafters[name], 2, tp=2, prefill_chunk=6)
+    try:
+        rounds, propose = [], eng.drafter.propose_all
+
+        def drafts(seqs, rooms):
+            got = propose(seqs, rooms)
+            rounds.extend((s.prompt_ids + s.output_ids, got[s.seq_id]) for s in seqs if got[s.seq_id])
+            return got
+
+        eng.drafter.propose_all = drafts
+        target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
+        assert run(eng, [(A, 24, None), (C, 16, None)]) == [hf_greedy(target, A, 24), hf_greedy(target, C, 16)]
+        assert len(rounds) >= 10
+        for tokens, drafted in rounds[::4]:
+            assert drafted == reference_drafts(target, assistant, tokens, len(drafted)), len(tokens)
+    finally:
+        eng.close()
+
+
+@pytest.mark.slow
 def test_every_draft_accepted_from_a_copying_drafter(tiny_dirs, tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -184,6 +208,7 @@ def test_a_drafter_that_does_not_fit_is_refused(tiny_dirs, drafters, tmp_path):
     cfg = json.loads((e4b / "config.json").read_text())
     with pytest.raises(UserError, match="two drafters"):
         EngineConfig(model="m", draft_model=str(e4b), speculative_method="ngram")
-    with pytest.raises(UserError, match="cpu backend at tp=1") as e:
-        build_engine(EngineConfig(model=str(tiny_dirs["gemma4-e4b-tiny"]), draft_model=str(e4b), tp=2))
+    with pytest.raises(UserError, match="cpu backend") as e:
+        build_engine(EngineConfig(model=str(tiny_dirs["gemma4-e4b-tiny"]), draft_model=str(e4b), backend="neuron",
+                                  artifacts=str(tmp_path)))
     assert e.value.param == "draft_model" and cfg["model_type"] == "gemma4_assistant"
