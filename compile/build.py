@@ -2,10 +2,12 @@
 the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, and for neuron the
 extend graphs of chunked prefill (`extend_1xT`, `extend_1xT_logits`, T the resolved `prefill_chunk`: default 256,
 0 or a model whose sliding ring is smaller: none) and, with `num_speculative_tokens` K, the verify graph
-`extend_{B}x{K+1}_all`, hand them to the backend's builder with per-graph progress,
-and write the manifest that serving checks (with the extend graphs and their T as `extend_buckets`). The cpu
-backend writes strict torch.export programs (.pt2) of the prefill and decode graphs only, so the whole pipeline
-(build -> manifest -> load -> generate) runs and is tested without Neuron hardware."""
+`extend_{B}x{K+1}_all`, and with `draft_model` (an MTP drafter, neuron at tp=1) the `_h` variants of the
+candidate graphs and the `draft` graph (K defaults to 4 then, as serving that drafter does), hand them to the
+backend's builder with per-graph progress, and write the manifest that serving checks (with the extend graphs
+and their T as `extend_buckets`, and the drafter's facts). The cpu backend writes strict torch.export programs
+(.pt2) of the prefill and decode graphs only (no drafter), so the whole pipeline (build -> manifest -> load ->
+generate) runs and is tested without Neuron hardware."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from neuron_workers.artifacts.manifest import Manifest, config_hash, installed_versions
+from neuron_workers.artifacts.manifest import Manifest, config_hash, drafter_facts, installed_versions
 from neuron_workers.config import EngineConfig, resolve_context, resolve_prefill_chunk, speculative_tokens
 from neuron_workers.errors import UserError
 from neuron_workers.factory import resolve_buckets
@@ -53,6 +55,7 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
     progress(f"loaded {cfg.model} ({loaded.info.model_type}, {loaded.dims.num_layers} layers) in "
              f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode"
              f"{f' + extend 1x{chunk} (prefill_chunk)' if chunk else ''}, context {ctx}, tp {tp}, batch {batch}")
+    drafter = load_drafter(cfg, loaded, ctx, progress) if cfg.draft_model else None
     out.mkdir(parents=True, exist_ok=True)
     extend = []
     if backend == "cpu":
@@ -62,16 +65,35 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
         from neuron_workers.backends.neuron_build import build_neuron
 
         extend = chunk_shapes(chunk) + verify_shapes(batch, speculative_tokens(cfg))
-        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend)
+        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend, drafter)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
         raise UserError(f"compile build does not build for the {backend} backend", param="backend")
     manifest = Manifest(backend, config_hash(loaded.info.text_config), loaded.info.model_type, tp, batch, ctx,
                         list(buckets), dtype, flags, installed_versions(backend), graphs,
-                        extend_graphs=[list(s) for s in extend], extend_buckets=[chunk] if chunk else [])
+                        extend_graphs=[list(s) for s in extend], extend_buckets=[chunk] if chunk else [],
+                        drafter=drafter_facts(drafter.info) if drafter is not None else {})
     manifest.write(out)
     progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
     return manifest
+
+
+def load_drafter(cfg: EngineConfig, loaded, ctx: int, progress):
+    """The MTP drafter `cfg.draft_model` (a `gemma4_assistant` checkpoint), checked against the target and the
+    build (neuron, tp=1, k within the rings' slack), in the build's dtype."""
+    from neuron_workers.engine.speculate import check_speculative_tokens
+    from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info
+
+    if cfg.backend != "neuron" or cfg.tp != 1:
+        raise UserError(f"a build with draft_model is a neuron build at tp=1 (asked: {cfg.backend}, tp={cfg.tp}); "
+                        "the cpu backend runs the drafter without artifacts", param="draft_model")
+    check_pairing(read_assistant_info(cfg.draft_model), loaded.dims)
+    check_speculative_tokens(speculative_tokens(cfg), loaded.dims.ring_size(ctx), loaded.dims.sliding_window, ctx,
+                             mtp=True)
+    drafter = load_assistant(cfg.draft_model, loaded.dtype)
+    progress(f"MTP drafter {cfg.draft_model}: draft graph + the _h candidate graphs, verify of "
+             f"{speculative_tokens(cfg)} drafts")
+    return drafter
 
 
 def default_cores(tp: int, cores: str | None) -> str:

@@ -3,12 +3,14 @@ traces, lowered by torch-xla 2.9, the lowering torch-neuronx 2.9 uses), plus an 
 inf2 run can diff them against neuronx-cc's `graph.hlo`.
 
     python -m compile hlo --model DIR --out DIR [--batch B --max-context N --prefill-buckets 16,32 --dtype D]
+                          [--draft-model DIR]
 
-writes `<tag>.hlo.txt` per graph (prefill buckets, both decode graphs, the extend graphs) and `audit.json`;
-prints one line per graph.
+writes `<tag>.hlo.txt` per graph (prefill buckets, both decode graphs, the extend graphs; with a drafter the
+candidate graphs' `_h` variants and the `draft` graph) and `audit.json`; prints one line per graph.
 The audit (`audit`) reads the ENTRY computation: the op inventory, 64-bit types, the largest literal
 constants, how each KV buffer is written (a scatter of one position per row in decode, never a select
-over the whole buffer), and the width of every row a `sort` / `topk` orders (the tiled top-K's tiles).
+over the whole buffer; the draft graph writes none: every KV buffer leaves as the parameter it came in as),
+and the width of every row a `sort` / `topk` orders (the tiled top-K's tiles).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 # `%name = type[dims]{layout} op(`; tuple-typed results (`(f32[..], ...)`) are not matched, and need not be
 INSTR = re.compile(r"^\s*(?:ROOT )?%\S+ = ([a-z]+\d*)\[([\d,]*)\](?:\{[^}]*\})? ([a-z][\w-]*)\((.*)$")
 OPERAND = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
+NAMED = re.compile(r"^\s*(?:ROOT )?(%\S+) = ")
+ROOT_OPERANDS = re.compile(r"%[\w.-]+")
 WIDE = ("f64", "s64", "u64", "c128")
 VERIFY_T = 8  # T of the per-position (speculative verify) extend graph the audit covers
 
@@ -76,7 +80,21 @@ def audit(hlo: str, kv_shapes: list[tuple[int, ...]]) -> dict:
     return {"ops": dict(sorted(ops.items(), key=lambda kv_: (-kv_[1], kv_[0]))), "wide": wide,
             "largest_constants": constants[:3], "constant_elements": sum(n for _, n in constants),
             "kv_parameters": kv_params, "kv_selects": kv_selects, "kv_scatter_update_elements": kv_scatters,
-            "sort_widths": sorts, "widest_sort": max(sorts, default=0)}
+            "kv_passed_through": passed_through(hlo, kv), "sort_widths": sorts, "widest_sort": max(sorts, default=0)}
+
+
+def passed_through(hlo: str, kv: set[tuple[int, ...]]) -> int:
+    """How many of the graph's results are KV-shaped parameters returned as they came in (the ROOT tuple's
+    operands that are parameters): every KV buffer in the draft graph (it writes none), none in a graph
+    that writes them."""
+    params, root = set(), ""
+    for line in entry_lines(hlo):
+        m, name = INSTR.match(line), NAMED.match(line)
+        if m and name and m.group(3) == "parameter" and _dims(m.group(2)) in kv:
+            params.add(name.group(1))
+        if line.lstrip().startswith("ROOT "):
+            root = line.split(" tuple(", 1)[-1]
+    return sum(1 for op in ROOT_OPERANDS.findall(root) if op in params)
 
 
 SORT = re.compile(r" (sort|topk)\(([a-z]+\d*)\[([\d,]*)\][^)]*\)(.*)$")
@@ -99,17 +117,20 @@ def sort_widths(hlo: str) -> list[int]:
 
 def graph_hlos(backend) -> dict[str, str]:
     """tag -> HLO text of every graph of an `XlaBackend` (prefill buckets, `decode_logits`, the top-K `decode`, and
-    per extend bucket T: `extend_1xT`, `extend_1xT_logits`, `extend_BxT_all`), traced with zero host inputs as
-    `compile build` traces them; nothing runs."""
-    from neuron_workers.model.spec import DECODE, PREFILL
+    per extend bucket T: `extend_1xT`, `extend_1xT_logits`, `extend_BxT_all`; with a drafter the candidate graphs'
+    `_h` variants instead, then `draft`), traced with zero host inputs as `compile build` traces them; nothing
+    runs."""
+    from neuron_workers.model.spec import DECODE, DRAFT, PREFILL
 
+    hidden = backend.hidden_states
     specs = [backend.spec(PREFILL, b) for b in backend.buckets] + [backend.spec(DECODE)]
-    specs += [backend.spec(DECODE, 1, backend.candidates)] if backend.candidates else []
+    specs += [backend.spec(DECODE, 1, backend.candidates, hidden=hidden)] if backend.candidates else []
     for t in getattr(backend, "extend_buckets", ()):  # chunked prefill's graphs
         specs += [backend.extend_spec(t, 1), backend.extend_spec(t, 1, logits=True)]
     if backend.candidates:  # the verify shape of speculative decoding: every row, T = 8, per-position candidates
         t = min(VERIFY_T, backend.dims.ring_size(backend.max_context))
         specs.append(backend.extend_spec(t, backend.max_batch, per_position=True))
+    specs += [backend.spec(DRAFT)] if hidden else []
     return {s.tag: backend.hlo(s, tuple(t.zeros() for t in s.host_inputs)) for s in specs}
 
 
@@ -136,6 +157,7 @@ def write_hlo(cfg, out_dir: str | Path, progress=print) -> dict[str, dict]:
             progress(f"{tag}: {sum(a['ops'].values())} instructions, {a['ops'].get('parameter', 0)} parameters, "
                      f"64-bit {a['wide'] or 'none'}, largest constant {biggest[0]}, KV: "
                      f"{len(a['kv_scatter_update_elements'])} scatters, {a['kv_selects']} whole-buffer selects, "
+                     f"{a['kv_passed_through']} returned unchanged, "
                      f"sorts over rows of {a['sort_widths'] or 'none'}")
     finally:
         engine.close()

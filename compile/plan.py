@@ -14,6 +14,15 @@ Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
 - device -> host per decode step: `decode` returns K candidates a row (bf16 values + int32 ids),
   `decode_logits` (only for steps where a row needs the whole distribution) `batch x vocab` bf16 logits.
 Host: the PLE table (memory-mapped, shared by all replicas of a model) against the instance's RAM.
+
+With an MTP drafter (`--draft-model DIR`, a `gemma4_assistant` checkpoint's config.json; real assistants' sizes
+are not in our references, so nothing is printed about one unless given): its weights join the core's (bf16,
+`token_ordering` int32; no PLE, no KV: its layers read the target's store layers), and `draft_read` is what one
+draft step of `batch` rows reads from HBM: its layers, norms and projections, the head rows it scores (with
+`use_ordered_embeddings`: each row's `centroid_top_k` clusters of the vocabulary, else the whole tied embedding),
+the target's embedding rows, and the K/V of the target's last full and last sliding KV layer (whole buffers: the
+graph's shapes are static). Its transients (`batch` rows, one query over the context, the target's query heads)
+are within the decode step's, which the activations already count.
 """
 
 from __future__ import annotations
@@ -52,10 +61,12 @@ class Plan:
     largest_context: int | None
     decode_out_candidates: int = 0  # bytes device -> host per decode step, `decode` (top-K candidates)
     decode_out_logits: int = 0  # the same for `decode_logits` (full logits)
+    drafter: dict | None = None  # an MTP drafter's `drafter_plan`: name, weights, draft_read
 
     @property
     def total_per_core(self) -> int:
-        return self.weights_per_core + self.kv_per_core + self.activations_per_core
+        drafter = self.drafter["weights"] if self.drafter else 0
+        return self.weights_per_core + self.kv_per_core + self.activations_per_core + drafter
 
 
 def load_text_config(path: str | Path):
@@ -152,7 +163,9 @@ def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: i
     return RUNTIME_RESERVE + max(prefill, decode, extend) + batch * dims.vocab_size * 4
 
 
-def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: int | None = None) -> Plan:
+def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: int | None = None,
+                     drafter=None) -> Plan:
+    """`drafter`: an MTP drafter's `AssistantInfo` (`load_drafter_info`), or None."""
     if instance not in INSTANCES:
         raise UserError(f"unknown instance {instance!r}; use one of {', '.join(INSTANCES)}")
     dims = ModelDims.from_hf(cfg)
@@ -160,22 +173,66 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
         raise UserError(f"max context must be in [2, {dims.max_position_embeddings}], got {ctx}")
     plan = make_plan(dims, intermediate_sizes(cfg), tp)
     cores, ram_gib = INSTANCES[instance]
+    draft = drafter_plan(drafter, dims, batch, ctx) if drafter is not None else None
     w = weights_per_core(cfg, dims, plan)
-    fit = lambda c: w + kv_per_core(dims, plan, batch, c) + activations_per_core(  # noqa: E731
+    wd = w + (draft["weights"] if draft else 0)
+    fit = lambda c: wd + kv_per_core(dims, plan, batch, c) + activations_per_core(  # noqa: E731
         dims, plan, batch, min(bucket or c, c), c) <= HBM_PER_CORE
     kv = kv_per_core(dims, plan, batch, ctx)
     act = activations_per_core(dims, plan, batch, min(bucket or ctx, ctx), ctx)
     ple = model_params(cfg, dims)["ple_table"] * BF16
     reasons = []
-    if w + kv + act > HBM_PER_CORE:
-        reasons.append(f"needs {(w + kv + act) / GIB:.2f} GiB per core, a NeuronCore has {HBM_PER_CORE / GIB:.0f} GiB")
+    if wd + kv + act > HBM_PER_CORE:
+        reasons.append(f"needs {(wd + kv + act) / GIB:.2f} GiB per core, a NeuronCore has {HBM_PER_CORE / GIB:.0f} GiB")
     if tp > cores:
         reasons.append(f"tp={tp} needs {tp} NeuronCores, {instance} has {cores}")
+    if draft and tp > 1:
+        reasons.append(f"a Neuron build with an MTP drafter is tp=1 (asked tp={tp})")
     if ple > ram_gib * GIB * 0.8:
         reasons.append(f"the PLE table ({ple / GIB:.1f} GiB) exceeds 80% of {instance}'s {ram_gib} GiB RAM")
     out_top, out_logits = decode_output_bytes(dims, batch)
     return Plan(cfg.model_type, tp, batch, ctx, instance, w, kv, act, HBM_PER_CORE, ple, ram_gib * GIB,
-                not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits)
+                not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits, draft)
+
+
+def load_drafter_info(path: str | Path):
+    """An MTP drafter's config facts from its checkpoint directory (config.json; weights not needed)."""
+    from neuron_workers.model.assistant import read_assistant_info
+
+    return read_assistant_info(path, with_weights=False)
+
+
+def drafter_params(info) -> dict[str, int]:
+    """The drafter's parameter counts, analytically from its config: `layers` (attention without K/V
+    projections: its layers read the target's; MLP; norms), `rest` (final norm, pre/post projections,
+    centroids), `embed` (its tied vocab x hidden head) and `ordering` (token_ordering, int32 on the device)."""
+    cfg = info.text_config
+    h, hq, n = cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
+    inter = intermediate_sizes(cfg)
+    layers = 0
+    for i in range(n):
+        hd = cfg.per_layer_config[i].head_dim
+        layers += 2 * h * hq * hd + 3 * h * inter[i] + hd + 4 * h + 1  # q, o; gate, up, down; q_norm; norms; scalar
+    ordered = info.use_ordered_embeddings
+    rest = h + 3 * info.backbone_hidden_size * h + (h * info.num_centroids if ordered else 0)
+    return {"layers": layers, "rest": rest, "embed": cfg.vocab_size * h, "ordering": cfg.vocab_size if ordered else 0}
+
+
+def drafter_plan(info, dims: ModelDims, batch: int, ctx: int) -> dict:
+    """{name, weights (HBM bytes), draft_read (HBM bytes one draft step of `batch` rows reads), head_rows (the
+    embedding rows a row scores)}."""
+    from neuron_workers.model.assistant import store_layers
+
+    p, h = drafter_params(info), info.text_config.hidden_size
+    weights = (p["layers"] + p["rest"] + p["embed"]) * BF16 + p["ordering"] * 4
+    vocab = info.text_config.vocab_size
+    rows = info.centroid_top_k * vocab // info.num_centroids if info.use_ordered_embeddings else vocab
+    head = batch * rows * (h * BF16 + 4) if info.use_ordered_embeddings else vocab * h * BF16
+    sto = store_layers(dims)
+    kv = sum(2 * batch * dims.kv_heads[j] * dims.head_dims[j] * (ctx if t == FULL else dims.ring_size(ctx)) * BF16
+             for t, j in sto.items())
+    read = (p["layers"] + p["rest"]) * BF16 + head + batch * dims.hidden_size * BF16 + kv
+    return {"name": Path(info.model_dir).name, "weights": weights, "draft_read": read, "head_rows": rows}
 
 
 def decode_output_bytes(dims: ModelDims, batch: int) -> tuple[int, int]:
@@ -197,16 +254,25 @@ def _largest(fit, limit: int, step: int = 128) -> int | None:
 
 def format_plan(p: Plan) -> str:
     g = lambda b: f"{b / GIB:6.2f} GiB"  # noqa: E731
+    d = p.drafter
+    drafter = f" + MTP drafter {g(d['weights'])}" if d else ""
     lines = [f"{p.model_type} tp={p.tp} batch={p.batch} max_context={p.max_context} on {p.instance}",
-             f"  per NeuronCore: weights {g(p.weights_per_core)} + KV cache {g(p.kv_per_core)} + "
+             f"  per NeuronCore: weights {g(p.weights_per_core)}{drafter} + KV cache {g(p.kv_per_core)} + "
              f"activations/scratch (est.) {g(p.activations_per_core)} = {g(p.total_per_core)} of {g(p.hbm_per_core)}",
              f"  host: PLE table {g(p.ple_host)} (memory-mapped, shared by replicas) of {g(p.host_ram)} RAM",
              f"  device -> host per decode step: {p.decode_out_candidates / 1024:.1f} KiB (top-K candidates; "
              f"{p.decode_out_logits / 2**20:.1f} MiB when a row needs the full logits)",
              f"  largest max_context that fits: {p.largest_context if p.largest_context else 'none'}"]
+    if d:
+        lines.insert(2, f"  MTP drafter {d['name']} (it adds no KV): one draft step reads "
+                        f"{d['draft_read'] / 2**20:.1f} MiB of HBM ({p.batch} rows x {d['head_rows']} head rows, "
+                        f"its layers, the store layers' KV)")
     lines.append("  fits" if p.fits else "  DOES NOT FIT: " + "; ".join(p.reasons))
     return "\n".join(lines)
 
 
 def plan_json(p: Plan) -> str:
-    return json.dumps({**asdict(p), "total_per_core": p.total_per_core})
+    d = {**asdict(p), "total_per_core": p.total_per_core}
+    if not p.drafter:
+        d.pop("drafter")  # nothing about a drafter unless one was given
+    return json.dumps(d)

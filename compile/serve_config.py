@@ -1,7 +1,7 @@
 """Reading the serve YAML (configs/*.yaml) for `compile build --config` and `compile plan --config`: one
-source of truth for tp, context, buckets, batch and dtype, as `neuron_workers.config.EngineConfig` (the
-schema the serve app uses too). Plain YAML reading, no Ray or serve_app import (imports run
-serve_app -> neuron_workers <- compile)."""
+source of truth for tp, context, buckets, batch, dtype and an MTP drafter (`draft_model`, resolved like `path`), as
+`neuron_workers.config.EngineConfig` (the schema the serve app uses too). Plain YAML reading, no Ray or serve_app
+import (imports run serve_app -> neuron_workers <- compile)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def read_serve_config(path: str | Path) -> tuple[str | None, list[ServedModel]]:
     out = []
     for m in models:
         try:
-            cfg = EngineConfig.from_mapping({**m, "artifacts": fix(m.get("artifacts"))}, model=fix(m["path"]))
+            cfg = EngineConfig.from_mapping({**m, "artifacts": fix(m.get("artifacts")),
+                                             "draft_model": fix(m.get("draft_model"))}, model=fix(m["path"]))
             out.append(ServedModel(m["name"], cfg))
         except UserError as e:
             raise UserError(f"{path}: model {m.get('name')!r}: {e}") from None

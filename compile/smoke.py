@@ -19,8 +19,10 @@ time limit (a TP collective that hangs must still report):
            than 2 * LOGIT_TOL; on the device, greedy tokens through the top-K `decode` graph equal those through
            `decode_logits`; then a prompt's head prefilled and its next chunk through `extend_1x16_logits`
            (logits compared the same way) and the top-K `extend_1x16` (candidates: values by rank within
-           LOGIT_TOL, the same best id where clear), against the CPU backend's extend with the same inputs
-  tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1
+           LOGIT_TOL, the same best id where clear), against the CPU backend's extend with the same inputs;
+           the build has a tiny MTP drafter too (its draft graph and the `_h` candidate graphs): one draft step of
+           both slots against the CPU backend's (next hidden state within HIDDEN_RTOL, draft ids where clear)
+  tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1 (no drafter: a drafter build is tp=1)
 One table, PASS/FAIL per step (a step that reported and then exited non-zero says so, and fails); exit
 1 if any step failed. Without the SDK: one line saying what to install, exit 2.
 """

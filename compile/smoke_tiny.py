@@ -2,7 +2,8 @@
 ON HARDWARE HERE (tests/compile/test_smoke.py runs tp1 against the Neuron test double).
 
 A tiny checkpoint is built at context 64 (batch 2, buckets 16 and 32, and the extend graphs of a 16-token chunk:
-the tiny models' ring, window 8 + slack 8) and then:
+the tiny models' ring, window 8 + slack 8; at tp=1 with a tiny MTP drafter too: the draft graph and the `_h`
+candidate graphs) and then:
   teacher   two prompts of 20 tokens (past the sliding window) decoded together on the CPU backend (bf16), and the
             very same inputs fed to the device, call by call: logits within LOGIT_TOL, the same argmax wherever the
             CPU's top two are further apart than 2 * LOGIT_TOL (`compare_logits`)
@@ -11,6 +12,10 @@ the tiny models' ring, window 8 + slack 8) and then:
             graph (the chunk wraps the ring), on both backends with the same inputs: a full chunk through
             `extend_1x16_logits` (slot 0, `compare_logits`) and a short one through the top-K `extend_1x16`
             (slot 1, `compare_candidates`: values by rank within LOGIT_TOL, the same best id where clear)
+  draft     (tp=1) after the extend step, one draft step for both slots on both backends with the same inputs
+            (a seeded hidden state, the rows at their next positions, over the KV each wrote): the drafter's next
+            hidden state within HIDDEN_RTOL of the CPU's largest value, the same draft id in every row whose two
+            best drafter logits (CPU) are further apart than 2 * LOGIT_TOL (`draft_check`)
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 LOGIT_TOL = 0.5  # bf16 device vs bf16 CPU on logits of magnitude ~20 (tiny random weights)
+HIDDEN_RTOL = 0.05  # the drafter's next hidden state, device vs CPU (bf16): of the CPU's largest |value|
 CHUNK = 16  # T of the extend graphs the tiny builds trace (the tiny ring)
 PROMPTS = [[2] + list(range(40, 59)), [2] + list(range(100, 119))]  # 20 tokens: the ring of 8 wraps
 EXTEND_PROMPT = [2] + list(range(40, 67))  # 28 tokens: 12 prefilled, then a chunk at 12..27 (clear top two at tiny)
@@ -31,12 +37,15 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
     from neuron_workers.engine.params import SamplingParams
     from neuron_workers.factory import build_engine
     from neuron_workers.testing.tiny import write_tiny
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny(Path(tmp), name)
         art = Path(tmp) / "art"
+        drafter = str(write_tiny_assistant(ckpt, Path(tmp) / "drafter", seed=1)) if tp == 1 else None
         build(EngineConfig(str(ckpt), "neuron", tp, 64, (16, 32), "bfloat16", artifacts=str(art), max_batch=2,
-                           prefill_chunk=CHUNK), progress=lambda m: None, jobs=1)
+                           prefill_chunk=CHUNK, draft_model=drafter, num_speculative_tokens=0 if drafter else None),
+              progress=lambda m: None, jobs=1)
         cpu = build_engine(EngineConfig(model=str(ckpt), max_context=64, prefill_buckets=(16, 32), max_batch=2,
                                         dtype="bfloat16"))
         rec = LogitsRecorder(cpu.backend, keep_inputs=True)
@@ -55,6 +64,9 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
             full = _tokens(device, PROMPTS)
             ext_ok, ext = extend_check(rec.inner, backend, device.model.ple, device.dims.sliding_window, CHUNK,
                                        EXTEND_PROMPT)
+            if drafter:  # the slots hold what extend_check wrote, the same on both backends
+                draft_ok, drafted = draft_step(rec.inner, backend, drafter)
+                ext_ok, ext = ext_ok and draft_ok, f"{ext}; {drafted}"
         finally:
             device.close()
             cpu.close()
@@ -93,6 +105,52 @@ def extend_check(cpu, device, ple, window: int, chunk: int, prompt: list[int]) -
     ok_l, msg_l = compare_logits([out["cpu", True]], [out["device", True]], f"extend_1x{chunk}_logits: ")
     ok_c, msg_c = compare_candidates(out["cpu", False], out["device", False], f"extend_1x{chunk}: ")
     return ok_l and ok_c, f"{msg_l}; {msg_c}"
+
+
+def draft_step(cpu, device, drafter: str) -> tuple[bool, str]:
+    """The drafter attached to the CPU backend, then `draft_check` of both slots after `extend_check` (slot 0 holds
+    EXTEND_PROMPT, slot 1 all of it but its last CHUNK // 4 tokens)."""
+    from neuron_workers.model.assistant import load_assistant
+
+    cpu.attach_drafter(load_assistant(drafter, cpu.dtype))
+    return draft_check(cpu, device, [len(EXTEND_PROMPT), len(EXTEND_PROMPT) - CHUNK // 4])
+
+
+def draft_inputs(backend, positions: list[int], window: int):
+    """One draft step's host inputs (`spec.draft_spec`) for rows drafting at `positions` (one per slot), in the
+    backend's dtypes: token 7 in every row, a seeded hidden state of magnitude ~1."""
+    import torch
+
+    from neuron_workers.model.draft_graph import draft_masks
+    from neuron_workers.model.spec import DRAFT
+
+    spec = backend.spec(DRAFT)
+    b, h = spec.host_inputs[1].shape[0], spec.host_inputs[1].shape[2]
+    q = torch.tensor(positions + [-1] * (b - len(positions)))
+    masks = draft_masks(q, backend.max_context, spec.host_inputs[4].shape[-1], window, torch.float32)
+    hidden = torch.randn(b, 1, h, generator=torch.Generator().manual_seed(0))
+    raw = (torch.full((b, 1), 7), hidden, q.clamp(min=0)[:, None], *masks)
+    return tuple(x.to(t.dtype) for x, t in zip(raw, spec.host_inputs))
+
+
+def draft_check(cpu, device, positions: list[int]) -> tuple[bool, str]:
+    """One draft step for the rows at `positions` (slot i drafts at positions[i], over the KV both backends wrote
+    the same) on the CPU backend (its drafter attached) and the device (its `draft` graph): the drafter's next
+    hidden state within HIDDEN_RTOL of the CPU's largest value, the same draft id where the CPU's two best drafter
+    logits are further apart than 2 * LOGIT_TOL."""
+    window = cpu.draft_graph.assistant.model.config.sliding_window
+    ins = draft_inputs(cpu, positions, window)
+    want_ids, want_h = cpu.draft(ins)
+    got_ids, got_h = device.draft(draft_inputs(device, positions, window))
+    rows = len(positions)
+    worst = (got_h[:rows].float() - want_h[:rows].float()).abs().max().item()
+    scale = want_h[:rows].float().abs().max().item()
+    margins = cpu.draft_graph.margins(*ins, *(cpu.kv[i] for i in cpu.draft_kv))[:rows]
+    clear = margins > 2 * LOGIT_TOL
+    same = clear & (want_ids[:rows, 0].long() == got_ids[:rows, 0].long())
+    ok = worst <= HIDDEN_RTOL * scale and int(same.sum()) == int(clear.sum())
+    return ok, (f"draft: {rows} rows, max |next hidden diff| {worst:.3f} (tolerance {HIDDEN_RTOL} x {scale:.2f}); "
+                f"draft id equal in {int(same.sum())}/{int(clear.sum())} clear rows")
 
 
 def compare_logits(want: list, got: list, label: str = "") -> tuple[bool, str]:

@@ -23,16 +23,8 @@ from neuron_workers.model.loader import DTYPES, load_model
 def build_engine(cfg: EngineConfig) -> Engine:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.draft_model and (cfg.artifacts or cfg.backend != "cpu"):
-        raise UserError("draft_model (MTP drafts) runs on the cpu backend so far; the draft graph has no xla or "
-                        "Neuron build yet (README, 'Speculative decoding')", param="draft_model")
     if cfg.artifacts:
-        from neuron_workers.artifacts.load import load_from_artifacts
-
-        model, backend = load_from_artifacts(cfg)
-        built = max(backend.extend_buckets, default=0)  # T of the extend graph the build traced, if any
-        return Engine(model, backend, prefill_chunk=0 if cfg.prefill_chunk == 0 else built,
-                      prefix_cache=cfg.prefix_cache, extend_t=built, speculative_tokens=speculative_tokens(cfg))
+        return _from_artifacts(cfg)
     if cfg.backend == "xla":
         from neuron_workers.backends.xla import require_xla
 
@@ -67,6 +59,24 @@ def build_engine(cfg: EngineConfig) -> Engine:
                     speculative_tokens=speculative_tokens(cfg))
     if cfg.draft_model:
         attach_mtp(engine, cfg.draft_model, DTYPES[cfg.dtype])
+    return engine
+
+
+def _from_artifacts(cfg: EngineConfig) -> Engine:
+    """An engine over compiled artifacts; with `draft_model`, `load_from_artifacts` has checked that the build
+    traced the draft graph for that drafter (neuron artifacts built with `compile build --draft-model`)."""
+    from neuron_workers.artifacts.load import load_from_artifacts
+
+    model, backend = load_from_artifacts(cfg)
+    built = max(backend.extend_buckets, default=0)  # T of the extend graph the build traced, if any
+    if cfg.draft_model:
+        ctx = backend.max_context
+        check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx,
+                                 mtp=True)
+    engine = Engine(model, backend, prefill_chunk=0 if cfg.prefill_chunk == 0 else built,
+                    prefix_cache=cfg.prefix_cache, extend_t=built, speculative_tokens=speculative_tokens(cfg))
+    if cfg.draft_model:
+        attach_mtp(engine, cfg.draft_model, backend.dtype)
     return engine
 
 

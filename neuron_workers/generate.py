@@ -60,7 +60,8 @@ def parse_args(argv):
     ap.add_argument("--speculative-method", choices=["ngram"],
                     help="speculative decoding: ngram = prompt-lookup drafts, verified by the target model")
     ap.add_argument("--draft-model", help="speculative decoding with an MTP drafter: a gemma4_assistant checkpoint "
-                                          "directory (google/gemma-4-*-it-assistant; cpu backend, tp=1)")
+                                          "directory (google/gemma-4-*-it-assistant; cpu or xla backend, or "
+                                          "neuron artifacts built with `compile build --draft-model`)")
     ap.add_argument("--num-speculative-tokens", type=int, help="drafts per step (default 4 with a drafter)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     args = ap.parse_args(argv)

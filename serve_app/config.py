@@ -139,5 +139,6 @@ class AppArgs(BaseModel):
         """Paths made absolute against base_dir (or the current directory)."""
         base = Path(self.base_dir or os.getcwd())
         fix = lambda p: None if p is None else str(p if Path(p).is_absolute() else base / p)  # noqa: E731
-        models = [m.model_copy(update={"path": fix(m.path), "artifacts": fix(m.artifacts)}) for m in self.models]
+        models = [m.model_copy(update={"path": fix(m.path), "artifacts": fix(m.artifacts),
+                                       "draft_model": fix(m.draft_model)}) for m in self.models]
         return self.model_copy(update={"models": models, "tiny_dir": fix(self.tiny_dir), "base_dir": str(base)})

@@ -1,13 +1,14 @@
 """Serving from artifacts: read the manifest, refuse a mismatch (config, shapes, versions) with a message
 naming it, and build the backend the artifacts were made for (with the loaded model it serves), its
 `extend_buckets` the T of the extend graphs built (`manifest.serving_chunk`: none for artifacts built before
-them; a `prefill_chunk` asked for must be one of them); speculative decoding needs its verify graph."""
+them; a `prefill_chunk` asked for must be one of them); speculative decoding needs its verify graph, and an MTP
+drafter (`draft_model`) the draft graph of that drafter (`manifest.check_drafter`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_workers.artifacts.manifest import Manifest, serving_chunk
+from neuron_workers.artifacts.manifest import Manifest, check_drafter, serving_chunk
 from neuron_workers.config import speculative_tokens
 from neuron_workers.errors import UserError
 from neuron_workers.model.loader import DTYPES, LoadedModel, load_model
@@ -22,6 +23,10 @@ def load_from_artifacts(cfg) -> tuple[LoadedModel, object]:
     manifest.check(loaded.info.text_config, tp=cfg.tp, max_context=cfg.max_context, max_batch=cfg.max_batch,
                    prefill_buckets=list(cfg.prefill_buckets) if cfg.prefill_buckets else None)
     chunks = serving_chunk(manifest, cfg.prefill_chunk, loaded.dims.ring_size(manifest.max_context))
+    if cfg.draft_model:  # before the device loads: a drafter the artifacts lack is refused at once
+        from neuron_workers.model.assistant import read_assistant_info
+
+        check_drafter(manifest, read_assistant_info(cfg.draft_model))
     art = Path(cfg.artifacts)
     if manifest.backend == "cpu":
         import torch

@@ -5,7 +5,10 @@ manifest does not match its checkpoint config, its settings or the installed ver
 Extend graphs (`extend_graphs`, [rows, t, variant] each, `backends.neuron.ExtendShape`) and the chunk sizes
 chunked prefill may use with them (`extend_buckets`) came after format 3 without changing it: a manifest
 written before them reads as one with none (chunked prefill stays off), and a `prefill_chunk` asked for must be
-among them (`serving_chunk`)."""
+among them (`serving_chunk`). A build with an MTP drafter (`compile build --draft-model`) records it in `drafter`
+(`drafter_facts`: its directory name and the config facts that shape the draft graph) and has `decode_h` (the
+top-K decode that also returns the hidden state) in place of `decode`, and `draft`; a manifest written before
+drafters reads as one without."""
 
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ class Manifest:
     format: int = FORMAT
     extend_graphs: list[list] = field(default_factory=list)  # [rows, t, variant] of every extend graph built
     extend_buckets: list[int] = field(default_factory=list)  # T of the chunked-prefill graphs (extend_1xT, _logits)
+    drafter: dict = field(default_factory=dict)  # the MTP drafter built in (`drafter_facts`); {}: none
 
     def write(self, out_dir: Path) -> Path:
         path = Path(out_dir) / MANIFEST
@@ -91,9 +95,33 @@ class Manifest:
             if versions.get(pkg) != built:
                 raise UserError(f"artifacts were built with {pkg} {built}, installed is {versions.get(pkg)}: "
                                 f"rebuild them or install {pkg}=={built}")
-        want = {f"prefill_{b}" for b in self.prefill_buckets} | {"decode", "decode_logits"}
+        want = {f"prefill_{b}" for b in self.prefill_buckets} | {"decode_logits"}
+        want |= {"decode_h", "draft"} if self.drafter else {"decode"}
         if want - set(self.graphs):
             raise UserError(f"artifacts lack the graphs {sorted(want - set(self.graphs))}: rebuild them")
+
+
+def drafter_facts(info) -> dict:
+    """What a build records of its MTP drafter (`model.assistant.AssistantInfo`): the checkpoint directory's name
+    (for people) and every config fact the draft graph's shapes and weights depend on (for the check at load)."""
+    return {"name": Path(info.model_dir).name, "config_hash": config_hash(info.text_config),
+            "backbone_hidden_size": info.backbone_hidden_size, "use_ordered_embeddings": info.use_ordered_embeddings,
+            "num_centroids": info.num_centroids, "centroid_top_k": info.centroid_top_k}
+
+
+def check_drafter(manifest: Manifest, info) -> None:
+    """Serving `draft_model` (its `AssistantInfo`) needs artifacts built with that very drafter: a UserError naming
+    draft_model otherwise."""
+    if not manifest.drafter:
+        raise UserError(f"the artifacts were built without an MTP drafter (no draft graph): rebuild them with "
+                        f"`compile build --draft-model {info.model_dir}` or leave draft_model unset",
+                        param="draft_model")
+    have = drafter_facts(info)
+    off = [k for k in have if k != "name" and manifest.drafter.get(k) != have[k]]
+    if off:
+        raise UserError(f"the artifacts' draft graph was built for another drafter ({manifest.drafter.get('name')}: "
+                        f"{off[0]} {manifest.drafter.get(off[0])!r}, {info.model_dir} has {have[off[0]]!r}): rebuild "
+                        f"with `compile build --draft-model {info.model_dir}`", param="draft_model")
 
 
 def serving_chunk(manifest: Manifest, prefill_chunk: int | None, ring: int) -> tuple[int, ...]:

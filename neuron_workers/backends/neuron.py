@@ -1,6 +1,7 @@
 """Neuron backend: runs graphs compiled by neuronx-cc (through NxD ModelBuilder V2) on NeuronCores. Also owns the
 list of graphs a Neuron build makes (`NeuronSpecs.graph_specs`: prefill buckets, both decodes and the extend
-shapes, `ExtendShape`), so what `neuron_build` traces is what this backend asks for, from one code path.
+shapes, `ExtendShape`; with an MTP drafter the candidate graphs' `_h` variants in place of the plain ones, and
+the `draft` graph), so what `neuron_build` traces is what this backend asks for, from one code path.
 
 The only modules (with neuron_build.py) that import torch_neuronx / neuronx_distributed, and only
 inside functions. WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND THE SDK DOCS, NOT RUN ON HARDWARE HERE:
@@ -9,12 +10,15 @@ tests/doubles/neuron_double.py stands in for the SDK and rejects what the real o
 Design (one path for tp=1 and tp=2):
 - the traced module is `model.graph_model.NeuronGraphModel`: KV buffers as registered state, updated
   from their old value, shared by every prefill bucket, both decode graphs and the extend graphs (no KV
-  crosses the host);
+  crosses the host); the draft graph reads the store layers' buffers and returns every buffer unchanged;
 - TP: the same `parallel.shard_plan` / `parallel.layers.apply_tp` as the CPU path, with NxD's
   collectives at the same points (`parallel.collectives.NxdCollectives`);
 - flags: --model-type=transformer --auto-cast=none --enable-saturate-infinity --target inf2, -O1 for
-  prefill and the chunk-sized extend graphs, -O2 for decode and per-position (verify) extend graphs (NxDI's
-  choice: decode is latency bound). Compiling needs a Neuron host.
+  prefill and the chunk-sized extend graphs, -O2 for decode, the per-position (verify) extend graphs and the
+  draft graph (NxDI's choice: decode is latency bound). Compiling needs a Neuron host.
+- the draft graph is called with its hidden state as the keyword `hidden` (`graph_model.draft_call`: NxDModel
+  routes by the names and shapes given); artifacts built with a drafter serve with or without `draft_model` (their
+  `_h` graphs return a hidden state nobody needs then).
 """
 
 from __future__ import annotations
@@ -24,14 +28,14 @@ from typing import NamedTuple
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
-from neuron_workers.model.graph_model import ID_DTYPE
-from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, GraphSpec
+from neuron_workers.model.graph_model import ID_DTYPE, draft_call
+from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, PREFILL, GraphSpec
 
 INSTALL_HINT = ("the neuron backend needs the Neuron SDK 2.31 on an inf2 host: pip install --extra-index-url "
                 "https://pip.repos.neuron.amazonaws.com -e '.[neuron]' (torch-neuronx 2.9.0.2.15.32035, "
                 "neuronx-cc 2.26.6360.0, neuronx-distributed 0.19.28492)")
 BASE_FLAGS = "--model-type=transformer --auto-cast=none --enable-saturate-infinity --target inf2"
-PHASE_FLAGS = {PREFILL: f"{BASE_FLAGS} -O1", DECODE: f"{BASE_FLAGS} -O2"}
+PHASE_FLAGS = {PREFILL: f"{BASE_FLAGS} -O1", DECODE: f"{BASE_FLAGS} -O2", DRAFT: f"{BASE_FLAGS} -O2"}
 MODEL_FILE, WEIGHTS_DIR = "nxd_model.pt", "weights"
 LAST, LOGITS, ALL = "last", "logits", "all"  # extend variants: last position's top-K, its logits, every position's
 
@@ -82,16 +86,18 @@ def require_neuron():
 
 
 class NeuronSpecs(GraphBackend):
-    """The graph specs of a Neuron build (int32 ids, a TP rank's KV heads), without running anything."""
+    """The graph specs of a Neuron build (int32 ids, a TP rank's KV heads), without running anything. With
+    `hidden_states` (a build with an MTP drafter) the candidate graphs are the `_h` variants."""
 
     id_dtype = ID_DTYPE
 
     def graph_specs(self, extend=()) -> list[GraphSpec]:
-        """Every graph, in trace order: the prefill buckets, `decode_logits`, the top-K `decode`, then the extend
-        shapes (`ExtendShape`) in the order given."""
+        """Every graph, in trace order: the prefill buckets, `decode_logits`, the top-K `decode` (`decode_h`), then
+        the extend shapes (`ExtendShape`) in the order given, then (with a drafter) `draft`."""
         specs = [self.spec(PREFILL, b) for b in self.buckets] + [self.spec(DECODE)]
-        specs += [self.spec(DECODE, 1, self.candidates)] if self.candidates else []
-        return specs + [ExtendShape(*s).spec(self) for s in extend]
+        specs += [self.spec(DECODE, 1, self.candidates, hidden=self.hidden_states)] if self.candidates else []
+        specs += [ExtendShape(*s).spec(self) for s in extend]
+        return specs + ([self.spec(DRAFT)] if self.hidden_states else [])
 
 
 class NeuronBackend(NeuronSpecs):
@@ -105,6 +111,7 @@ class NeuronBackend(NeuronSpecs):
                          DTYPES[manifest.dtype], kv_heads)
         self.extend_shapes = [ExtendShape(*s) for s in manifest.extend_graphs]
         self.graphs = set(manifest.graphs)  # the tags built (Manifest.check: every bucket and both decodes)
+        self.hidden_states = bool(manifest.drafter)  # built with a drafter: the `_h` candidate graphs, `draft`
         self.extend_buckets = check_extend(self, self.graphs, self.extend_shapes, manifest.extend_buckets)
         art_dir = Path(art_dir)
         from safetensors.torch import load_file
@@ -124,15 +131,33 @@ class NeuronBackend(NeuronSpecs):
             raise RuntimeError(f"these artifacts have no graph {spec.tag} (built: {', '.join(sorted(self.graphs))})"
                                + (f": rebuild with `compile build --prefill-chunk {spec.seq_len}`"
                                   if spec.phase == EXTEND else ""))
-        out = self.model.forward(*inputs, model_name=spec.tag)
+        if spec.phase == DRAFT:
+            args, kwargs = draft_call(inputs, bool(self.dims.ple_dim))
+            out = self.model.forward(*args, model_name=spec.tag, **kwargs)
+        else:
+            out = self.model.forward(*inputs, model_name=spec.tag)
         if not isinstance(out, (tuple, list)):
             return out
         return out[0] if spec.num_heads == 1 else tuple(out[: spec.num_heads])
 
+    def attach_drafter(self, assistant) -> None:
+        """The drafter's weights are in the artifacts (`compile build --draft-model`; `artifacts.load` checked that
+        they are this drafter's): nothing to load, only to refuse artifacts built without one."""
+        self._require_draft()
+
+    def draft(self, inputs):
+        self._require_draft()
+        return self._run(self.spec(DRAFT), inputs)
+
+    def _require_draft(self) -> None:
+        if DRAFT not in self.graphs:
+            raise UserError("these artifacts have no draft graph: rebuild them with `compile build --draft-model "
+                            "DIR` to serve an MTP drafter", param="draft_model")
+
     def _warm_up(self) -> None:
         """Run every graph once (the first call of each is slow); KV rows written here are replaced by the
         first prefill into them, masks hide everything a row has not written (an extend of zeros writes one token at
-        position 0 of slot 0, which the first prefill or chunk into that slot rewrites)."""
+        position 0 of slot 0, which the first prefill or chunk into that slot rewrites; the draft writes none)."""
         for spec in self.graph_specs(self.extend_shapes):
             self._run(spec, tuple(t.zeros() for t in spec.host_inputs))
 

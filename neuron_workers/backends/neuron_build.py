@@ -6,6 +6,11 @@ weights and as state against what we save, compile with per-graph flags and a bo
 each rank's weights. The top-K of `decode` and of the extend graphs is the graphs' tiled one
 (`model.tiled_topk`) with the SDK's TopK per tile (`neuron_topk`).
 
+With an MTP drafter (`drafter`, a loaded `model.assistant.Assistant`; tp=1) the module holds its weights too
+(`drafter.*`, saved beside the target's), the candidate graphs are traced in their `_h` variants and the `draft`
+graph last, with its hidden state as the keyword input `hidden` (`graph_model.draft_call`); like every graph it
+must take exactly the KV buffers as state (it returns them unchanged).
+
 WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/doubles/neuron_double.py
 stands in for the SDK and enforces the rules the real one does. Compiling needs a Neuron host:
 NxDParallelState probes the platform; `--target inf2` is a neuronx-cc flag, not a cross-compile switch.
@@ -20,7 +25,8 @@ import torch
 from neuron_workers.backends.neuron import MODEL_FILE, WEIGHTS_DIR, NeuronSpecs, graph_flags, require_neuron
 from neuron_workers.backends.neuron_compile import CACHE_DIR, WORK_DIR, compile_graphs, risk_order
 from neuron_workers.errors import UserError
-from neuron_workers.model.graph_model import NeuronGraphModel, graph_model, make_buffers_persistent
+from neuron_workers.model.graph_model import NeuronGraphModel, draft_call, graph_model, make_buffers_persistent
+from neuron_workers.model.spec import DRAFT
 from neuron_workers.parallel.collectives import NxdCollectives
 
 INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
@@ -28,10 +34,10 @@ EMBEDDING_KEYS = ("embed_tokens.weight", "lm_head.weight", "lm_head.embedding.we
 
 
 def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir: Path, progress,
-                 jobs: int = 1, resume_hint: str = "", extend=()) -> dict[str, str]:
-    """Trace the prefill `buckets`, both decodes and the `extend` shapes (`neuron.ExtendShape`s), compile
-    (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a retry) and save; returns the
-    compiler flags per graph tag."""
+                 jobs: int = 1, resume_hint: str = "", extend=(), drafter=None) -> dict[str, str]:
+    """Trace the prefill `buckets`, both decodes, the `extend` shapes (`neuron.ExtendShape`s) and with a `drafter`
+    the draft graph, compile (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a retry) and
+    save; returns the compiler flags per graph tag."""
     _, nxd = require_neuron()
     from safetensors.torch import save_file
 
@@ -43,22 +49,28 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
     full = dict(loaded.hf_lm.state_dict())  # unsharded weights (+ RoPE tables, embed scale), serving dtype
     plan = plan_for(loaded.info.text_config, tp)
     kv_heads = plan.kv_heads if tp > 1 else None
+    if drafter is not None and tp > 1:
+        raise UserError("a build with an MTP drafter is tp=1 only", param="draft_model")
     # the very specs NeuronBackend asks for at run time (one code path: NeuronSpecs.graph_specs)
-    specs = NeuronSpecs(dims, max_context, buckets, batch, dtype, kv_heads).graph_specs(extend)
+    spec_maker = NeuronSpecs(dims, max_context, buckets, batch, dtype, kv_heads)
+    spec_maker.hidden_states = drafter is not None
+    specs = spec_maker.graph_specs(extend)
     with nxd.NxDParallelState(world_size=tp, rank=0, tensor_model_parallel_size=tp, lnc_size=1):
         if tp > 1:
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
         model = graph_model(loaded.hf_lm, dims, max_context, batch, dtype, kv_heads)
+        if drafter is not None:
+            persistent += make_buffers_persistent(drafter)
+            model.attach(drafter)
+            full.update({f"drafter.{k}": v for k, v in drafter.state_dict().items()})  # token_ordering now int32
         model.use_topk(neuron_topk)
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
-            # decode / decode_logits (and each extend shape's variants) share inputs: the variant is set here
-            model.candidates, model.per_position = spec.candidates, spec.per_position
-            builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag=spec.tag)
+            trace_one(builder, model, spec, bool(dims.ple_dim))
         weights = [rank_state_dict(model, full, plan, r) for r in range(tp)]
         traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
-        copies = sorted(k for k in traced if k.endswith(EMBEDDING_KEYS))
+        copies = sorted(k for k in traced if k.endswith(EMBEDDING_KEYS) and not k.startswith("drafter."))
         if len(copies) > 1:  # compile plan counts one; graph_model.TiedHead is there to keep it one
             progress(f"warning: the traces take the tied embedding {len(copies)} times ({copies}): "
                      f"{len(copies) - 1} extra vocab x hidden copies of HBM per core that compile plan does not count")
@@ -73,6 +85,19 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         kept = {k: v.contiguous().clone() for k, v in w.items() if k in traced}  # tied duplicates drop out
         save_file(kept, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
     return flags
+
+
+def trace_one(builder, model: NeuronGraphModel, spec, ple: bool) -> None:
+    """Trace one graph with zero inputs of its spec. decode / decode_logits / decode_h (and each extend shape's
+    variants) share inputs: the variant is the module's switches, set here; the draft graph takes its hidden
+    state as a keyword."""
+    zeros = tuple(t.zeros() for t in spec.host_inputs)
+    if spec.phase == DRAFT:
+        args, kwargs = draft_call(zeros, ple)
+        builder.trace(args=args, kwargs=kwargs, tag=spec.tag)
+        return
+    model.candidates, model.per_position, model.hidden = spec.candidates, spec.per_position, spec.hidden
+    builder.trace(args=zeros, tag=spec.tag)
 
 
 def neuron_topk(x: torch.Tensor, k: int, dim: int):
@@ -94,6 +119,9 @@ def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan
     for key in model.state_dict():
         if key in model.kv_names:
             continue  # KV state starts at zero on the device
+        if key.startswith("drafter."):  # the MTP drafter's (tp=1 only), as the module holds them
+            out[key] = full[key]
+            continue
         hf_key = key.removeprefix("lm.").replace("lm_head.embedding.", "model.embed_tokens.")
         hf_key = "model.embed_tokens.weight" if hf_key == "lm_head.weight" else hf_key  # tied
         if hf_key.endswith("vocab_start"):

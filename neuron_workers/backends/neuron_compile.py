@@ -1,7 +1,7 @@
 """Compiling a build's traced graphs: riskiest first and alone (`decode`), then the rest (`risk_order`: the other
-decode, the extend graphs, the prefill buckets); every NEFF kept in a cache keyed by graph, HLO, flags and compiler
-version, so a failed or interrupted build resumes where it stopped (a build that adds graphs, such as extend graphs
-for a chunk size, compiles only those).
+decode, the draft graph, the extend graphs, the prefill buckets); every NEFF kept in a cache keyed by graph, HLO,
+flags and compiler version, so a failed or interrupted build resumes where it stopped (a build that adds graphs,
+such as extend graphs for a chunk size, compiles only those).
 
 This replaces `ModelBuilder.compile`, which compiles every graph in its pool before it raises (a failing
 graph is known only at the end) and runs neuronx-cc with `use_cache=False` (a retry recompiles all). We call
@@ -24,22 +24,25 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from neuron_workers.errors import UserError
-from neuron_workers.model.spec import DECODE, DECODE_LOGITS
+from neuron_workers.model.spec import DECODE, DECODE_LOGITS, DRAFT
+
+DECODE_H = f"{DECODE}_h"  # the top-K decode graph that also returns the hidden state (a build with a drafter)
 
 CACHE_DIR, WORK_DIR = "neff_cache", "compiler_workdir"
 LOG_FILE = "log-neuron-cc.txt"  # NxD's ModelBuilderConstants.LOG_FILE_DEFAULT_NAME, in workdir/<tag>/<timestamp>/
 LOG_TAIL_LINES = 25
-EXTEND_TAG = re.compile(r"extend_(\d+)x(\d+)(_logits|_all)?")  # spec.GraphSpec.tag of an extend graph
+EXTEND_TAG = re.compile(r"extend_(\d+)x(\d+)(_logits|_all)?(?:_h)?")  # spec.GraphSpec.tag of an extend graph
 PREFILL_TAG = re.compile(r"prefill_(\d+)")
 
 
 def risk_order(tags) -> list[str]:
     """The order to compile in: `decode` (the top-K graph at the configured batch and the real vocabulary:
-    the one most likely to be refused), `decode_logits`, the extend graphs (largest rows x T first, each
-    shape's top-K variants before its `_logits`; by tag at a tie), then the prefill buckets, largest first."""
+    the one most likely to be refused; `decode_h` in a build with a drafter), `decode_logits`, `draft`, the extend
+    graphs (largest rows x T first, each shape's top-K variants before its `_logits`; by tag at a tie), then the
+    prefill buckets, largest first."""
     def rank(tag: str) -> tuple:
-        if tag in (DECODE, DECODE_LOGITS):
-            return (0 if tag == DECODE else 1, 0, False, tag)
+        if tag in (DECODE, DECODE_H, DECODE_LOGITS, DRAFT):
+            return ({DECODE: 0, DECODE_H: 0, DECODE_LOGITS: 1, DRAFT: 1.5}[tag], 0, False, tag)
         m = EXTEND_TAG.fullmatch(tag)
         if m:
             return (2, -int(m[1]) * int(m[2]), m[3] == "_logits", tag)

@@ -7,6 +7,8 @@ that needs no inf2 host.
   moves the host inputs in, runs one graph, syncs once and brings the logits back;
 - the tied LM head reads the embedding module (`graph_model.TiedHead`), so the move keeps one copy, and
   the backend checks that it did;
+- with an MTP drafter (`attach_drafter`) the assistant moves to the device beside the target and the module runs
+  its `draft` phase (reading the store layers' KV state, writing none) and the `_h` candidate graphs;
 - per graph tag it counts XLA compilations (`compiles`: one per graph over a whole generation, or a value
   was baked into the graph) and it reports the ops that fell back to the CPU (`fallback_ops`).
 
@@ -22,8 +24,8 @@ import torch
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
 from neuron_workers.model.dims import ModelDims
-from neuron_workers.model.graph_model import ID_DTYPE, graph_model
-from neuron_workers.model.spec import GraphSpec
+from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model
+from neuron_workers.model.spec import DRAFT, GraphSpec
 
 INSTALL_HINT = ("the xla backend needs torch-xla (CPU device): pip install torch==2.9.0 torch-xla==2.9.0 "
                 "(see README, 'The xla backend')")
@@ -69,11 +71,25 @@ class XlaBackend(GraphBackend):
         return out[0] if len(out) == 1 else out
 
     def _call(self, spec: GraphSpec, inputs) -> tuple:
-        """The graph's heads (logits, or the top-K `decode` graph's values and ids), still on the device."""
+        """The graph's heads (logits, the top-K graphs' values and ids [and hidden state], the draft ids and next
+        hidden state), still on the device."""
+        inputs = tuple(t.to(self.device) for t in inputs)
+        if spec.phase == DRAFT:
+            args, kwargs = draft_call(inputs, bool(self.dims.ple_dim))
+            return self.module(*args, **kwargs)
         self.module.candidates = spec.candidates  # which decode variant (decode and decode_logits share inputs)
         self.module.per_position = spec.per_position  # which extend variant
-        out = self.module(*(t.to(self.device) for t in inputs))
+        self.module.hidden = spec.hidden  # the `_h` variants return the hidden state too
+        out = self.module(*inputs)
         return out if isinstance(out, tuple) else (out,)
+
+    def attach_drafter(self, assistant) -> None:
+        self.module.attach(assistant.to(self.device))
+        self._xla.sync()  # the move (and token_ordering's int32 cast) now, not inside the first graph's count
+        self.hidden_states = True
+
+    def draft(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._run(self.spec(DRAFT), inputs)
 
     def _compile_count(self) -> int:
         return int(self._met.counter_value("UncachedCompile") or 0)

@@ -47,7 +47,9 @@ class AssistantInfo:
     weight_files: dict[str, Path]
 
 
-def read_assistant_info(model_dir: str | Path) -> AssistantInfo:
+def read_assistant_info(model_dir: str | Path, with_weights: bool = True) -> AssistantInfo:
+    """The checkpoint's config facts, and (`with_weights`) where each weight is: `compile plan` reads a
+    config.json alone."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise UserError(f"no config.json in {model_dir}: not a gemma4_assistant checkpoint", param=PARAM)
@@ -66,7 +68,8 @@ def read_assistant_info(model_dir: str | Path) -> AssistantInfo:
         raise UserError(f"{model_dir}: an assistant has no per-layer inputs, MoE or double-wide MLP", param=PARAM)
     return AssistantInfo(model_dir, cfg, int(raw.get("backbone_hidden_size", 1536)),
                          bool(raw.get("use_ordered_embeddings", False)), int(raw.get("num_centroids", 2048)),
-                         int(raw.get("centroid_intermediate_top_k", 32)), _index_weights(model_dir))
+                         int(raw.get("centroid_intermediate_top_k", 32)),
+                         _index_weights(model_dir) if with_weights else {})
 
 
 class MaskedEmbedding(nn.Module):
@@ -81,9 +84,17 @@ class MaskedEmbedding(nn.Module):
         self.centroids = nn.Linear(hidden, num_centroids, bias=False)
         self.register_buffer("token_ordering", torch.zeros(vocab, dtype=torch.long))
 
-    def candidates(self, h: torch.Tensor) -> torch.Tensor:
-        """[rows, H] -> the token ids of the selected clusters [rows, top_k * vocab / num_centroids]."""
-        top = torch.topk(self.centroids(h), self.top_k, dim=-1).indices
+    def candidates(self, h: torch.Tensor, topk_op=None) -> torch.Tensor:
+        """[rows, H] -> the token ids of the selected clusters [rows, top_k * vocab / num_centroids]. `topk_op`:
+        pick the clusters with `tiled_topk.tiled_topk` and that per-tile op (the graphs' top-K: the Neuron build
+        passes the SDK's TopK) instead of torch.topk; the same clusters, perhaps in another order."""
+        scores = self.centroids(h)
+        if topk_op is None:
+            top = torch.topk(scores, self.top_k, dim=-1).indices
+        else:
+            from neuron_workers.model.tiled_topk import tiled_topk
+
+            top = tiled_topk(scores, self.top_k, topk_op)[1]
         clusters = self.token_ordering.view(self.num_centroids, -1)
         return clusters[top].reshape(h.shape[0], -1)
 

@@ -26,13 +26,23 @@ from neuron_workers.model.dims import FULL, SLIDING
 
 
 class DraftGraph(nn.Module):
+    """`topk_op`: None, torch.topk picks the centroids; else `tiled_topk` with that per-tile op (the graph
+    model sets it: the Neuron build's is the SDK's TopK)."""
+
     def __init__(self, assistant: nn.Module, target_embed: nn.Module, id_dtype: torch.dtype = torch.int64):
         super().__init__()
         self.assistant, self.embed = assistant, target_embed
         self.id_dtype = id_dtype
         self.layer_types = tuple(assistant.model.config.layer_types)
+        self.topk_op = None
 
     def forward(self, input_ids, hidden, position_ids, mask_full, mask_sliding, k_full, v_full, k_sliding, v_sliding):
+        h = self.normed(input_ids, hidden, position_ids, mask_full, mask_sliding, k_full, v_full, k_sliding,
+                        v_sliding)
+        return self._argmax(h[:, 0, :]).to(self.id_dtype)[:, None], self.assistant.post_projection(h)
+
+    def normed(self, input_ids, hidden, position_ids, mask_full, mask_sliding, k_full, v_full, k_sliding, v_sliding):
+        """The assistant's last hidden state after its final norm [B, 1, H_assistant]."""
         a, m = self.assistant, self.assistant.model
         h = a.pre_projection(torch.cat([self.embed(input_ids), hidden.to(self.embed.weight.dtype)], dim=-1))
         rope = {t: m.rotary_emb(h, position_ids, t) for t in set(self.layer_types)}
@@ -41,17 +51,30 @@ class DraftGraph(nn.Module):
         for layer, t in zip(m.layers, self.layer_types):
             h = layer(h, shared_kv_states=shared, position_embeddings=rope[t], attention_mask=masks[t],
                       position_ids=position_ids)
-        h = m.norm(h)
-        return self._argmax(h[:, 0, :]).to(self.id_dtype)[:, None], a.post_projection(h)
+        return m.norm(h)
 
-    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
-        """[rows, H] -> each row's best token id."""
+    @torch.no_grad()
+    def margins(self, *inputs) -> torch.Tensor:
+        """Each row's gap between the head's two best logits [B] (`forward`'s inputs): how clear its draft is
+        (the smoke test compares drafts only where it is clear)."""
+        _, logits = self._scores(self.normed(*inputs)[:, 0, :])
+        top2 = torch.topk(logits.float(), 2, dim=-1).values
+        return top2[:, 0] - top2[:, 1]
+
+    def _scores(self, h: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """[rows, H] -> (the candidate token ids [rows, N], None for the whole vocabulary; their logits)."""
         weight = self.assistant.lm_head_weight
         head = self.assistant.masked_embedding
         if head is None:
-            return torch.argmax(nn.functional.linear(h, weight), dim=-1)
-        ids = head.candidates(h)  # [rows, N]
-        logits = torch.einsum("rh,rnh->rn", h, weight[ids])
+            return None, nn.functional.linear(h, weight)
+        ids = head.candidates(h, self.topk_op)  # [rows, N]
+        return ids, torch.einsum("rh,rnh->rn", h, weight[ids])
+
+    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """[rows, H] -> each row's best token id."""
+        ids, logits = self._scores(h)
+        if ids is None:
+            return torch.argmax(logits, dim=-1)
         return torch.gather(ids, 1, torch.argmax(logits, dim=-1, keepdim=True))[:, 0]
 
 

@@ -8,6 +8,16 @@ explicit positional tensors: int32 ids / positions / indices, masks built with f
 K best raw logits and their int32 ids. `compile build --backend neuron` traces this very module, and
 `backends/xla.py` runs it on a torch-xla device; it imports no Neuron package.
 
+With an MTP drafter (`attach`, tp=1) the module also holds the assistant (`model.assistant.Assistant`, its weights
+registered once under `drafter.`, beside the target's under `lm.`) and runs the `draft` phase
+(`draft_graph.DraftGraph`): it reads the K/V of the target's two store layers from the registered state and
+writes none, but re-assigns every KV buffer to itself (`.clone()`, which torch-xla lowers to the parameter itself:
+no computation, no copy), so the trace links each as state, read and returned unchanged, exactly as the other
+graphs' (a buffer a graph only reads would be taken as a weight). The draft phase is called with `hidden=` (the
+forward's last parameter, a keyword: the phases before it keep their positional inputs); a PLE model's draft takes
+a one-element placeholder for `per_layer_inputs` (ModelBuilder wants every positional parameter; the graph reads
+none). The candidate graphs have `_h` variants (`hidden`: they also return the normed last hidden state).
+
 The tied LM head reads the embedding *module* (`TiedHead`), never a Parameter shared by two modules:
 torch-xla documents that a Parameter tie made before the move to the device becomes two device copies
 (the trace would take the vocab x hidden matrix twice: ~0.8 GB more HBM for E2B).
@@ -18,8 +28,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from neuron_workers.model.dims import FULL, SLIDING
 from neuron_workers.model.graphs import GemmaGraph
-from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, decode_candidates, make_spec
+from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, PREFILL, decode_candidates, make_spec
+from neuron_workers.model.tiled_topk import torch_topk_op
 
 ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
 
@@ -49,51 +61,113 @@ def tie_head(hf_lm: nn.Module) -> nn.Module:
 
 
 class NeuronGraphModel(nn.Module):
-    """Prefill (called with last_idx / ring_idx / slot), extend (last_idx / slots) and decode (none of them) over KV
-    buffers registered as state, [max_batch, ...] each. ModelBuilder V2 traces `forward` once per graph tag; which
-    phase a trace is comes from which inputs it was given, never from a shape (a prefill bucket of 1 is not decode).
-    ModelBuilder rejects *args, so the two subclasses below spell the inputs out."""
+    """Prefill (called with last_idx / ring_idx / slot), extend (last_idx / slots), decode (none of them) and, with a
+    drafter, draft (`hidden=`) over KV buffers registered as state, [max_batch, ...] each. ModelBuilder V2 traces
+    `forward` once per graph tag; which phase a trace is comes from which inputs it was given, never from a shape (a
+    prefill bucket of 1 is not decode). ModelBuilder rejects *args, so the two subclasses below spell the inputs
+    out."""
 
     def __init__(self, hf_lm: nn.Module, dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None):
         super().__init__()
         tie_head(hf_lm)
-        k = decode_candidates(dims)
-        specs = {PREFILL: make_spec(dims, PREFILL, max_batch, 2, max_context, dtype, ID_DTYPE, kv_heads),
-                 DECODE: make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads),
-                 (DECODE, k): make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads, k)}
-        # extend: one wrapper per head (logits, last candidates, every position's); T and R come from the inputs
-        for kk, every in ((0, False), (k, False), (k, True)):
-            specs[(EXTEND, kk, every)] = make_spec(dims, EXTEND, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads,
-                                                   kk, 1, every)
+        self.dims, self.kv_heads = dims, kv_heads
         self.lm = hf_lm  # the weights, registered once
         # the phase wrappers share self.lm; kept out of the module tree so no weight is listed twice
-        self.__dict__["graphs"] = {key: GemmaGraph(hf_lm, dims, spec) for key, spec in specs.items()}
-        # which decode variant a trace is: the top-K one has the same inputs as `decode`, so the tracer sets
-        # this before tracing it (NxDModel tells the two apart by their tags at run time)
+        self.__dict__["graphs"] = {key: GemmaGraph(hf_lm, dims, spec) for key, spec
+                                   in variant_specs(dims, max_context, max_batch, dtype, kv_heads).items()}
+        # which variant a trace is: decode and its top-K / `_h` variants have the same inputs, and so have an extend
+        # shape's, so the tracer sets these before tracing each (NxDModel tells them apart by their tags at run time)
         self.candidates = 0
-        self.per_position = False  # which extend variant a trace is (set like `candidates`)
+        self.per_position = False
+        self.hidden = False
         self.kv_names = []
-        for t in specs[DECODE].kv_inputs:
+        for t in make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads).kv_inputs:
             name = t.name.replace(".", "_")
             self.register_buffer(name, torch.zeros(t.shape, dtype=dtype))
             self.kv_names.append(name)
+        self._topk_op = torch_topk_op
+        self.draft_kv: list[str] = []  # k, v of the full store layer, then of the sliding one (`attach`)
+
+    def attach(self, assistant: nn.Module) -> None:
+        """Hold `assistant` (on this module's device) as the MTP drafter: its weights registered under `drafter.`,
+        the `draft` phase reading the K/V of the target's store layers (`assistant.store_layers`). Its
+        `token_ordering` becomes int32, as every index the graphs take (inf2 narrows int64 anyway)."""
+        from neuron_workers.model.assistant import store_layers
+        from neuron_workers.model.draft_graph import DraftGraph
+
+        if self.kv_heads is not None:
+            raise ValueError("the MTP drafter runs at tp=1: its draft graph reads whole KV buffers")
+        head = assistant.masked_embedding
+        if head is not None:
+            head.token_ordering = head.token_ordering.to(torch.int32)
+        self.drafter = assistant
+        graph = DraftGraph(assistant, self.lm.model.embed_tokens, ID_DTYPE)
+        graph.topk_op = self._topk_op
+        self.__dict__["draft_graph"] = graph  # out of the module tree: the target's embedding stays under `lm.`
+        at = {layer: 2 * j for j, layer in enumerate(self.dims.kv_layers)}
+        sto = store_layers(self.dims)
+        self.draft_kv = [self.kv_names[at[sto[t]] + i] for t in (FULL, SLIDING) for i in (0, 1)]
 
     def use_topk(self, op) -> None:
-        """The per-tile top-K op (x, k, dim) the `decode` graph's tiled top-K runs (`tiled_topk.torch_topk_op`
-        unless the tracer gives another: the Neuron build passes the SDK's TopK)."""
+        """The per-tile top-K op (x, k, dim) the graphs' tiled top-K runs (`tiled_topk.torch_topk_op` unless the
+        tracer gives another: the Neuron build passes the SDK's TopK); the drafter's centroids take it too."""
+        self._topk_op = op
         for graph in self.graphs.values():
             graph.topk_op = op
+        if "draft_graph" in self.__dict__:
+            self.draft_graph.topk_op = op
 
     def step(self, host: list[torch.Tensor], phase: str):
-        if phase == EXTEND:
-            graph = self.graphs[(EXTEND, self.candidates, self.per_position and bool(self.candidates))]
-        else:
-            graph = self.graphs[phase if phase == PREFILL or not self.candidates else (DECODE, self.candidates)]
+        if phase == DRAFT:
+            return self._draft(host)
+        graph = self.graphs[self._variant(phase)]
         out = graph(*host, *(getattr(self, n) for n in self.kv_names))
         n = graph.spec.num_heads
         for name, new in zip(self.kv_names, out[n:]):
             setattr(self, name, new)  # out-of-place update that read the old buffer: aliased device state
         return out[0] if n == 1 else tuple(out[:n])
+
+    def _variant(self, phase: str) -> tuple:
+        """The graph key (phase, candidates, per_position, hidden) the module's switches name for `phase`."""
+        k = 0 if phase == PREFILL else self.candidates
+        return phase, k, bool(phase == EXTEND and self.per_position and k), bool(self.hidden and k)
+
+    def _draft(self, host: list[torch.Tensor]):
+        """One draft step (`draft_graph.DraftGraph`) over the store layers' buffers; every KV buffer is then
+        re-assigned to an unchanged copy of itself: linked as state, read, and returned as it was."""
+        if "draft_graph" not in self.__dict__:
+            raise RuntimeError("this graph model has no drafter: attach one before running the draft phase")
+        out = self.draft_graph(*host, *(getattr(self, n) for n in self.draft_kv))
+        for name in self.kv_names:
+            setattr(self, name, getattr(self, name).clone())
+        return out
+
+
+def variant_specs(dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None) -> dict:
+    """(phase, candidates, per_position, hidden) -> the spec of one graph variant the module runs. Extend: one
+    wrapper per head (logits, last candidates, every position's; the candidate ones with and without the hidden
+    state); T and R come from the inputs. Decode: logits, top-K, top-K with the hidden state."""
+    k = decode_candidates(dims)
+
+    def spec(phase, seq_len, kk=0, every=False, hidden=False):
+        return make_spec(dims, phase, max_batch, seq_len, max_context, dtype, ID_DTYPE, kv_heads, kk,
+                         1 if phase == EXTEND else 0, every, hidden)
+
+    specs = {(PREFILL, 0, False, False): spec(PREFILL, 2), (DECODE, 0, False, False): spec(DECODE, 1),
+             (EXTEND, 0, False, False): spec(EXTEND, 1)}
+    for hidden in (False, True):
+        specs[(DECODE, k, False, hidden)] = spec(DECODE, 1, k, hidden=hidden)
+        for every in (False, True):
+            specs[(EXTEND, k, every, hidden)] = spec(EXTEND, 1, k, every, hidden)
+    return specs
+
+
+def draft_call(inputs, ple: bool) -> tuple[tuple, dict]:
+    """The draft step's host inputs (`spec.draft_spec`: ids, hidden, positions, masks) as `forward` takes them:
+    (positional args, {"hidden": ...}), with a one-element `per_layer_inputs` placeholder for a PLE model."""
+    ids, hidden, positions, mask_full, mask_sliding = inputs
+    placeholder = (torch.zeros(1, dtype=hidden.dtype, device=hidden.device),) if ple else ()
+    return (ids, positions, *placeholder, mask_full, mask_sliding), {"hidden": hidden}
 
 
 def _phase_inputs(host: list, last_idx, index, slot) -> tuple[list, str]:
@@ -107,13 +181,18 @@ def _phase_inputs(host: list, last_idx, index, slot) -> tuple[list, str]:
 
 class NeuronGraphPle(NeuronGraphModel):
     def forward(self, input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding, last_idx=None,
-                index=None, slot=None):
+                index=None, slot=None, hidden=None):
+        if hidden is not None:  # draft: per_layer_inputs is a placeholder (`draft_call`)
+            return self.step([input_ids, hidden, position_ids, mask_full, mask_sliding], DRAFT)
         host = [input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding]
         return self.step(*_phase_inputs(host, last_idx, index, slot))
 
 
 class NeuronGraphNoPle(NeuronGraphModel):
-    def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, index=None, slot=None):
+    def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, index=None, slot=None,
+                hidden=None):
+        if hidden is not None:  # draft
+            return self.step([input_ids, hidden, position_ids, mask_full, mask_sliding], DRAFT)
         host = [input_ids, position_ids, mask_full, mask_sliding]
         return self.step(*_phase_inputs(host, last_idx, index, slot))
 

@@ -15,6 +15,10 @@ Extend (`extend_{R}x{T}`, `_logits`, `_all`): R rows of T new tokens each, atten
 hold plus causally within the chunk, writing T positions per row (chunked prefill; speculative verify with
 per-position candidates, `per_position`).
 
+Draft (`draft`, with an MTP drafter: `draft_graph.DraftGraph`): one draft token for every row from its token and a
+hidden state, over the KV of the target's store layers, read-only; its inputs are host inputs only and its
+outputs the draft ids and the drafter's next hidden state (no KV: the graph replaces none).
+
 Batching: the KV buffers hold `batch` rows (slots), one per running sequence. The decode graph takes one
 token for every row; a prefill graph takes one prompt (batch 1, padded to its bucket) and writes it into
 the row named by its `slot` input, leaving every other row as it was.
@@ -29,10 +33,10 @@ import torch
 
 from neuron_workers.model.dims import DECODE_CANDIDATES, FULL, SLIDING, ModelDims, decode_candidates
 
-__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "EXTEND", "PREFILL", "Candidates", "GraphSpec", "TensorSpec",
-           "decode_candidates", "kv_specs", "make_spec"]
+__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "DRAFT", "EXTEND", "PREFILL", "Candidates", "GraphSpec",
+           "TensorSpec", "decode_candidates", "draft_spec", "kv_specs", "make_spec"]
 
-PREFILL, DECODE, EXTEND = "prefill", "decode", "extend"
+PREFILL, DECODE, EXTEND, DRAFT = "prefill", "decode", "extend", "draft"
 DECODE_LOGITS = "decode_logits"  # the tag of the decode variant that returns the full logits
 KV_PREFIXES = ("k.", "v.")
 
@@ -57,7 +61,7 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class GraphSpec:
-    phase: str  # prefill | decode
+    phase: str  # prefill | decode | extend | draft
     batch: int  # KV rows (slots); decode runs all of them, prefill writes one
     seq_len: int  # the prefill bucket, 1 for decode
     max_context: int
@@ -70,6 +74,8 @@ class GraphSpec:
 
     @property
     def tag(self) -> str:
+        if self.phase == DRAFT:
+            return DRAFT
         if self.phase == PREFILL:
             return f"{self.phase}_{self.seq_len}"
         if self.phase == EXTEND:
@@ -115,8 +121,12 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
               per_position: bool = False, hidden: bool = False) -> GraphSpec:
     """Inputs of a prefill graph (seq_len = bucket, one prompt into one of `batch` slots) or of the
     decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant)."""
-    if phase not in (PREFILL, DECODE, EXTEND):
+    if phase not in (PREFILL, DECODE, EXTEND, DRAFT):
         raise ValueError(f"unknown phase {phase!r}")
+    if phase == DRAFT:
+        if candidates or rows or per_position or hidden:
+            raise ValueError("the draft graph has no variants")
+        return draft_spec(dims, batch, max_context, dtype, id_dtype)
     if candidates and (phase == PREFILL or not 0 < candidates <= dims.vocab_size):
         raise ValueError(f"candidates={candidates}: only decode and extend have them, at most the vocabulary")
     if hidden and not candidates:
@@ -176,3 +186,16 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
     return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position,
                      hidden)
+
+
+def draft_spec(dims: ModelDims, batch: int, max_context: int, dtype: torch.dtype,
+               id_dtype: torch.dtype) -> GraphSpec:
+    """The MTP draft step over every slot (`draft_graph.DraftGraph`, the inputs `engine/mtp.py` builds): the
+    tokens, the hidden states they come with (the target's or the drafter's own), the position each row drafts
+    at and its masks (`draft_graph.draft_masks`); the KV it reads is the backend's, so no KV input or output."""
+    ring, h = dims.ring_size(max_context), dims.hidden_size
+    ins = (TensorSpec("input_ids", (batch, 1), id_dtype), TensorSpec("hidden", (batch, 1, h), dtype),
+           TensorSpec("position_ids", (batch, 1), id_dtype), TensorSpec("mask_full", (batch, 1, 1, max_context), dtype),
+           TensorSpec("mask_sliding", (batch, 1, 1, ring), dtype))
+    outs = (TensorSpec("draft_ids", (batch, 1), id_dtype), TensorSpec("next_hidden", (batch, 1, h), dtype))
+    return GraphSpec(DRAFT, batch, 1, max_context, ins, outs)

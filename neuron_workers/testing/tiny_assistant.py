@@ -7,7 +7,8 @@ class cannot be built as shipped (5.23's `Gemma4TextConfig.kv_sharing_modes` rai
 KV): `all_layers_share_kv()` patches that property for the duration of the build, saying so. Each drafter has
 one sliding and one full layer whose KV heads and head dims are those of the target's last sliding and last
 full KV layer, and (by default) the centroid-masked head of `use_ordered_embeddings` with a random token
-ordering, as the real E2B / E4B assistants.
+ordering, as the real E2B / E4B assistants. `write_assistant_config` writes a drafter's config.json alone (for a
+real target's config too: what `compile plan --draft-model` reads).
 """
 
 from __future__ import annotations
@@ -67,6 +68,28 @@ def assistant_text(raw: dict, hidden: int = 32) -> dict:
     return text
 
 
+def assistant_config(raw: dict, hidden: int = 32, ordered: bool = True, num_centroids: int = 16, top_k: int = 4):
+    """transformers' Gemma4AssistantConfig of a drafter for the target whose config.json is `raw` (call it inside
+    `all_layers_share_kv`)."""
+    import transformers as tf
+
+    text = tf.Gemma4TextConfig(**assistant_text(raw, hidden))
+    return tf.Gemma4AssistantConfig(text_config=text.to_dict(), backbone_hidden_size=raw.get("text_config", raw)[
+        "hidden_size"], use_ordered_embeddings=ordered, num_centroids=num_centroids, centroid_intermediate_top_k=top_k)
+
+
+def write_assistant_config(target_config: Path, out: Path, **kw) -> Path:
+    """A drafter's config.json alone (no weights: what `compile plan --draft-model` reads) for the target config
+    json `target_config` (a checkpoint's, or a bundled text config); `kw` as `assistant_config`'s."""
+    with all_layers_share_kv():
+        cfg = assistant_config(json.loads(Path(target_config).read_text()), **kw)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    d = cfg.to_dict()
+    d["architectures"] = ["Gemma4AssistantForCausalLM"]
+    (Path(out) / "config.json").write_text(json.dumps(d, indent=1))
+    return Path(out)
+
+
 def write_tiny_assistant(target_dir: Path, out: Path, seed: int = 0, ordered: bool = True,
                          num_centroids: int = 16, top_k: int = 4, hidden: int = 32) -> Path:
     import transformers as tf
@@ -75,11 +98,8 @@ def write_tiny_assistant(target_dir: Path, out: Path, seed: int = 0, ordered: bo
     raw = json.loads((Path(target_dir) / "config.json").read_text())
     gen = torch.Generator().manual_seed(seed)
     with all_layers_share_kv():
-        text = tf.Gemma4TextConfig(**assistant_text(raw, hidden))
-        cfg = tf.Gemma4AssistantConfig(text_config=text.to_dict(),
-                                       backbone_hidden_size=raw.get("text_config", raw)["hidden_size"],
-                                       use_ordered_embeddings=ordered, num_centroids=num_centroids,
-                                       centroid_intermediate_top_k=top_k)
+        cfg = assistant_config(raw, hidden, ordered, num_centroids, top_k)
+        text = cfg.text_config
         model = tf.Gemma4AssistantForCausalLM(cfg)
     randomize(model, gen)
     if ordered:

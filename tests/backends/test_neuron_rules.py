@@ -1,7 +1,8 @@
 """The rules the real Neuron SDK enforces, checked without it:
 - on the module the Neuron build traces (`NeuronGraphModel`), in every graph (prefill buckets, a bucket of
   1 included, both batched decodes, and the extend graphs: last-position candidates, logits, every position's
-  candidates over several rows), every KV buffer is read and replaced by a function of its old value;
+  candidates over several rows; the `_h` variants and the MTP draft graph), every KV buffer is read and replaced
+  by a function of its old value (the draft graph's: the old value itself);
 - the strict test double rejects each bad pattern the real SDK would (write-only state, weight names that
   differ from the traced ones, compile without a worker bound, inputs no graph was traced for), and keys
   weights as NxD does (`->` names, a Parameter tie is two device copies, read-only buffers are weights), so
@@ -20,9 +21,9 @@ from torch import nn
 
 from neuron_workers.backends.neuron_build import check_traces
 from neuron_workers.errors import UserError
-from neuron_workers.model.graph_model import ID_DTYPE, graph_model, make_buffers_persistent
+from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model, make_buffers_persistent
 from neuron_workers.model.loader import load_model
-from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, decode_candidates, make_spec
+from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, PREFILL, decode_candidates, make_spec
 
 from conftest import NAMES
 from doubles import neuron_double
@@ -31,24 +32,47 @@ from doubles.graph_facts import trace_facts
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_every_graph_reads_and_rewrites_every_kv_buffer(name, tiny_dirs):
+def test_every_graph_reads_and_rewrites_every_kv_buffer(name, tiny_dirs, tmp_path):
+    """... the `_h` variants and the draft graph of an MTP drafter included (the draft reads the store layers'
+    buffers and returns every buffer unchanged: still read, replaced, from the old value, so linked as state)."""
+    from neuron_workers.model.assistant import load_assistant
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
     m = load_model(tiny_dirs[name], torch.bfloat16)
     make_buffers_persistent(m.hf_lm)
     module = graph_model(m.hf_lm, m.dims, 32, 3, torch.bfloat16)
+    drafter = load_assistant(write_tiny_assistant(tiny_dirs[name], tmp_path / "drafter", seed=1), torch.bfloat16)
+    make_buffers_persistent(drafter)
+    module.attach(drafter)
     k = decode_candidates(m.dims)
-    graphs = [(PREFILL, 1, 0, 0, False), (PREFILL, 16, 0, 0, False), (DECODE, 1, 0, 0, False),
-              (DECODE, 1, 0, k, False), (EXTEND, 4, 3, k, True)]
-    if name == "gemma4-e4b-tiny":  # the chunk variants write the KV as the verify one does: one structure (CI time)
-        graphs += [(EXTEND, 8, 1, k, False), (EXTEND, 8, 1, 0, False)]
-    for phase, bucket, rows, cand, every in graphs:
-        spec = make_spec(m.dims, phase, 3, bucket, 32, torch.bfloat16, ID_DTYPE, None, cand, rows, every)
-        module.candidates, module.per_position = cand, every  # the variant, as the build sets it before a trace
-        uses, weights = trace_facts(module, tuple(t.zeros() for t in spec.host_inputs))
+    graphs = [(PREFILL, 1, 0, 0, False, False), (PREFILL, 16, 0, 0, False, False), (DECODE, 1, 0, 0, False, False),
+              (DECODE, 1, 0, k, False, False), (EXTEND, 4, 3, k, True, False), (DRAFT, 1, 0, 0, False, False)]
+    if name == "gemma4-e4b-tiny":  # the variants write the KV as the ones above: one structure (CI time)
+        graphs += [(EXTEND, 8, 1, k, False, False), (EXTEND, 8, 1, 0, False, False), (DECODE, 1, 0, k, False, True),
+                   (EXTEND, 4, 3, k, True, True)]
+    for phase, bucket, rows, cand, every, hidden in graphs:
+        spec = make_spec(m.dims, phase, 3, bucket, 32, torch.bfloat16, ID_DTYPE, None, cand, rows, every, hidden)
+        # the variant, as the build sets it before a trace
+        module.candidates, module.per_position, module.hidden = cand, every, hidden
+        args, kwargs = tuple(t.zeros() for t in spec.host_inputs), {}
+        if phase == DRAFT:
+            args, kwargs = draft_call(args, bool(m.dims.ple_dim))
+            draft = args, kwargs
+        uses, weights = trace_facts(module, args, kwargs)
+        if phase == DRAFT:  # the drafter's own weights, and the target's embedding (its input), each once
+            assert {w for w in weights if w.startswith("drafter.")} and "lm.model.embed_tokens.weight" in weights
         assert set(uses) == set(module.kv_names) and len(uses) == 2 * len(m.dims.kv_layers)
         for buf, u in uses.items():
             assert u.read and u.written and u.from_old, (name, spec.tag, buf, u)
         assert not set(weights) & set(module.kv_names)
         assert set(weights) <= set(module.state_dict())  # after make_buffers_persistent: nothing unsaved
+    assert len(set(module.draft_kv)) == 4  # k, v of the full and the sliding store layer
+    before = {n: torch.randn_like(getattr(module, n)) for n in module.kv_names}
+    for n, t in before.items():
+        setattr(module, n, t)
+    with torch.no_grad():
+        module(*draft[0], **draft[1])  # the draft step itself: every KV buffer leaves as it came
+    assert all(torch.equal(getattr(module, n), t) for n, t in before.items())
 
 
 class Toy(nn.Module):

@@ -1,8 +1,9 @@
 """What a Neuron build makes, as the backend asks for it (`NeuronSpecs.graph_specs`): the prefill buckets, both
 decodes and the extend shapes (`ExtendShape`: chunked prefill's `extend_1xT` / `_logits`, and a verify shape
-`extend_BxT_all`) with the tags and flags of each; a manifest's extend list is checked against the graphs built;
-the Neuron double keeps each graph's variant switches (`candidates`, `per_position`) as a compiled graph does, and
-computes gather as the device does."""
+`extend_BxT_all`; with an MTP drafter the candidate graphs' `_h` variants and the `draft` graph) with the tags and
+flags of each; a manifest's extend list is checked against the graphs built; the Neuron double keeps each graph's
+variant switches (`candidates`, `per_position`, `hidden`) as a compiled graph does, and computes gather as the device
+does."""
 
 from __future__ import annotations
 
@@ -39,6 +40,32 @@ def test_graph_specs_are_the_buckets_the_decodes_then_the_extend_shapes(e2b_spec
     assert neuron.ExtendShape(*as_kept) == neuron.ExtendShape(1, 256, neuron.LOGITS)
     with pytest.raises(ValueError, match="unknown extend variant 'every'"):
         neuron.ExtendShape(1, 8, "every").spec(e2b_specs)
+
+
+def test_with_a_drafter_the_candidate_graphs_are_the_h_variants_and_draft_comes_last():
+    """A build with an MTP drafter (`hidden_states`): `decode_h` and the `_h` top-K extends in place of the plain
+    ones (the `_logits` graphs stay), then `draft` (-O2: latency bound, as decode), whose inputs are the host's
+    draft inputs (the hidden state at the target's width) and whose outputs carry no KV."""
+    specs = neuron.NeuronSpecs(ModelDims.from_hf(real_config("E2B")), 4096, (128,), 32, torch.bfloat16)
+    specs.hidden_states = True
+    got = specs.graph_specs(neuron.chunk_shapes(256) + neuron.verify_shapes(32, 4))
+    assert [s.tag for s in got] == ["prefill_128", "decode_logits", "decode_h", "extend_1x256_h", "extend_1x256_logits",
+                                    "extend_32x5_all_h", "draft"]
+    assert got[2].outputs[2].shape == (32, 1536) and got[5].outputs[2].shape == (32, 5, 1536)
+    draft = got[-1]
+    assert [(t.name, t.shape) for t in draft.host_inputs] == [
+        ("input_ids", (32, 1)), ("hidden", (32, 1, 1536)), ("position_ids", (32, 1)), ("mask_full", (32, 1, 1, 4096)),
+        ("mask_sliding", (32, 1, 1, 576))]
+    assert draft.num_kv == 0 and draft.num_heads == 2 and neuron.graph_flags(draft).endswith("-O2")
+
+
+def test_artifacts_without_a_draft_graph_refuse_the_drafter_naming_the_field():
+    backend = neuron.NeuronBackend.__new__(neuron.NeuronBackend)  # what a load of such artifacts leaves: the tags
+    backend.graphs = {"prefill_128", "decode", "decode_logits"}
+    for call in (lambda: backend.attach_drafter(None), lambda: backend.draft(())):
+        with pytest.raises(UserError, match="no draft graph: rebuild them with `compile build --draft-model") as e:
+            call()
+        assert e.value.param == "draft_model"
 
 
 def test_a_manifest_listing_extend_graphs_that_were_not_built_is_refused(e2b_specs):

@@ -14,6 +14,7 @@ from compile.__main__ import main as compile_main
 from compile.build import build
 from neuron_workers.artifacts.manifest import Manifest
 from neuron_workers.config import EngineConfig
+from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import UserError
 from neuron_workers.generate import main as generate_main
 from neuron_workers.model.loader import load_model
@@ -241,34 +242,60 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
     assert json.loads(capsys.readouterr().out)["token_ids"] == neuron and len(neuron) == 12
 
 
-def test_neuron_build_with_speculation_traces_and_serves_the_verify_graph(tiny_dirs, tmp_path, capsys):
-    """--num-speculative-tokens 3: the build also traces the verify graph `extend_2x4_all` (every slot, 4
-    positions, every position's candidates; -O2 like decode) and the manifest lists it; an engine with 3 drafts
-    a step verifies through it and gives the plain CPU engine's greedy tokens; 2 drafts (no such graph) are
-    refused at load, naming the field."""
+def test_neuron_build_with_an_mtp_drafter_traces_and_serves_the_draft_and_verify_graphs(tiny_dirs, tmp_path, capsys):
+    """--num-speculative-tokens 3 --draft-model D: the build traces the `_h` candidate graphs (`decode_h`, and the
+    verify graph `extend_2x4_all_h`: every slot, 4 positions, every position's candidates and hidden state; -O2 like
+    decode) and the `draft` graph last, from the same module (its state exactly the KV buffers, returned unchanged;
+    its hidden state a keyword input), with the drafter's weights saved beside the target's; the manifest records
+    the drafter. Served with that drafter (MTP drafts through the draft graph) and with ngram drafts, greedy tokens
+    equal the plain CPU engine's; 2 drafts (no such verify graph) and another drafter are refused at load, naming
+    the field."""
     from neuron_workers.artifacts.load import load_from_artifacts
+    from neuron_workers.factory import build_engine
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
     d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "v"
+    drafter = write_tiny_assistant(d, tmp_path / "drafter", seed=1)
     with neuron_double.installed() as calls:
         assert compile_main(["build", "--model", str(d), "--max-context", "64", "--prefill-buckets", "32",
                              "--batch", "2", "--prefill-chunk", "0", "--num-speculative-tokens", "3",
-                             "--out", str(out)]) == 0
-        assert [c[1] for c in calls if c[0] == "trace"] == ["prefill_32", "decode_logits", "decode", "extend_2x4_all"]
+                             "--draft-model", str(drafter), "--out", str(out)]) == 0
+        traces = {c[1]: c for c in calls if c[0] == "trace"}
+        assert list(traces) == ["prefill_32", "decode_logits", "decode_h", "extend_2x4_all_h", "draft"]
+        _, _, inputs, written = traces["draft"]  # ids, positions, the PLE placeholder, masks, then `hidden`
+        assert [s for s, _ in inputs] == [(2, 1), (2, 1), (1,), (2, 1, 1, 64), (2, 1, 1, 16), (2, 1, 64)]
+        assert written and all(written.values())  # every buffer replaced by its unchanged copy: state
         capsys.readouterr()  # the build's progress
         m = Manifest.read(out)
-        assert m.extend_graphs == [[2, 4, "all"]] and m.extend_buckets == [] and "-O2" in m.compiler_flags[
-            "extend_2x4_all"]
+        assert m.extend_graphs == [[2, 4, "all"]] and m.extend_buckets == []
+        assert "-O2" in m.compiler_flags["extend_2x4_all_h"] and "-O2" in m.compiler_flags["draft"]
+        assert m.drafter["name"] == "drafter" and m.drafter["use_ordered_embeddings"] is True
+        saved = load_file(str(out / "weights" / "tp0.safetensors"))
+        assert saved["drafter.masked_embedding.token_ordering"].dtype == torch.int32
+        assert "drafter.pre_projection.weight" in saved and "drafter.model.embed_tokens.weight" in saved
         with pytest.raises(UserError) as e:
             load_from_artifacts(EngineConfig(model=str(d), backend="neuron", artifacts=str(out),
                                              speculative_method="ngram", num_speculative_tokens=2))
         assert e.value.param == "num_speculative_tokens"
-        prompt = [2] + list(range(40, 52)) * 2  # repeats itself: the drafter proposes from the first copy
+        other = write_tiny_assistant(d, tmp_path / "other", seed=1, hidden=16)
+        with pytest.raises(UserError, match="built for another drafter") as e:
+            load_from_artifacts(EngineConfig(model=str(d), backend="neuron", artifacts=str(out),
+                                             draft_model=str(other), num_speculative_tokens=3))
+        assert e.value.param == "draft_model"
+        prompt = [2] + list(range(40, 52)) * 2  # repeats itself: the ngram drafter proposes from the first copy
         args = ["--model", str(d), "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "12", "--ignore-eos",
                 "--json"]
         calls.clear()
         assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out), "--speculative-method", "ngram",
                                      "--num-speculative-tokens", "3"]) == 0
-        spec = json.loads(capsys.readouterr().out)["token_ids"]
-        assert ("forward", "extend_2x4_all") in calls
+        ngram = json.loads(capsys.readouterr().out)["token_ids"]
+        assert ("forward", "extend_2x4_all_h") in calls
+        eng = build_engine(EngineConfig(model=str(d), backend="neuron", artifacts=str(out), draft_model=str(drafter),
+                                        num_speculative_tokens=3))
+        calls.clear()
+        seq = eng.new_sequence(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+        list(eng.run_all([seq]))
+        assert eng.drafter.steps > 0 and ("forward", "draft") in calls and ("forward", "extend_2x4_all_h") in calls
     assert generate_main(args + ["--max-context", "64", "--dtype", "bfloat16"]) == 0
-    assert json.loads(capsys.readouterr().out)["token_ids"] == spec and len(spec) == 12
+    plain = json.loads(capsys.readouterr().out)["token_ids"]
+    assert ngram == plain == seq.output_ids and len(plain) == 12

@@ -1,6 +1,7 @@
 """The manifest refuses artifacts that lack a graph this version runs (e.g. built before the top-K decode
 graph, when `decode` meant the full logits) instead of loading them and failing every request; one written
-before extend graphs reads as one with none, and a `prefill_chunk` asked for must be among those built."""
+before extend graphs reads as one with none, and a `prefill_chunk` asked for must be among those built; an MTP
+drafter served from artifacts must be the one they were built with."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from neuron_workers.artifacts.manifest import FORMAT, Manifest, config_hash, serving_chunk
+from neuron_workers.artifacts.manifest import FORMAT, Manifest, check_drafter, config_hash, drafter_facts, serving_chunk
 from neuron_workers.errors import UserError
 
 from conftest import real_config
@@ -60,3 +61,24 @@ def test_serving_chunk_keeps_the_built_extend_buckets_and_refuses_a_chunk_not_bu
     with pytest.raises(UserError, match=r"built with extend graphs for prefill_chunk \[16\], this request asks "
                                         r"for 8: rebuild with `compile build --prefill-chunk 8`"):
         serving_chunk(m, 8, 16)
+
+
+def test_a_drafter_must_be_the_one_the_artifacts_were_built_with(tiny_dirs, tmp_path):
+    from neuron_workers.model.assistant import read_assistant_info
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
+    info = read_assistant_info(write_tiny_assistant(tiny_dirs["gemma4-e2b-tiny"], tmp_path / "a", seed=1))
+    m, cfg = manifest({"prefill_16": "a", "prefill_32": "b", "decode_h": "c", "decode_logits": "d"})
+    with pytest.raises(UserError, match="built without an MTP drafter") as e:
+        check_drafter(m, info)
+    assert e.value.param == "draft_model"
+    m.drafter = drafter_facts(info)
+    check_drafter(m, info)
+    with pytest.raises(UserError, match=r"lack the graphs \['draft'\]"):  # a drafter build has decode_h and draft
+        m.check(cfg, versions={})
+    m.graphs["draft"] = "e"
+    m.check(cfg, versions={})
+    m.drafter["num_centroids"] = 2048
+    with pytest.raises(UserError, match="another drafter .*num_centroids 2048") as e:
+        check_drafter(m, info)
+    assert e.value.param == "draft_model"

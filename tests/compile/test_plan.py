@@ -80,3 +80,45 @@ def test_every_model_of_the_inf2_config_fits_its_instance(tmp_path, capsys):
     assert cores <= {"inf2.24xlarge": 12, "inf2.48xlarge": 24}[args["instance"]]
     assert compile_main(["plan", "--config", str(path), "--model", "nope"]) == 2
     assert "no model named 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size,batch", [("E2B", 32), ("E4B", 32), ("12B", 4)])
+def test_an_mtp_drafter_adds_its_weights_and_says_what_a_draft_step_reads(size, batch, tmp_path, capsys):
+    """`--draft-model DIR` (a drafter's config.json: real assistants' sizes are not in our references, so these
+    are made-up drafters for the real targets): its weights, counted from the config, equal an independent count
+    of the module the loader builds (on the meta device; bf16, token_ordering int32) and join the per-core total;
+    a draft step reads its layers, each row's candidate head rows and the store layers' whole K/V. Without it
+    nothing is said about a drafter."""
+    from compile.plan import GIB
+    from neuron_workers.model.assistant import Assistant, read_assistant_info
+    from neuron_workers.model.dims import ModelDims
+    from neuron_workers.testing.tiny_assistant import write_assistant_config
+
+    target = CONFIGS / f"gemma-4-{size}.text_config.json"
+    draft = write_assistant_config(target, tmp_path / "drafter", hidden=256, num_centroids=2048, top_k=32)
+    base = ["plan", "--model", str(target), "--batch", str(batch), "--instance", "inf2.xlarge", "--json"]
+    compile_main(base)
+    plain = json.loads(capsys.readouterr().out)
+    compile_main(base + ["--draft-model", str(draft)])
+    got = json.loads(capsys.readouterr().out)
+    assert "drafter" not in plain and got["drafter"]["name"] == "drafter"
+    with torch.device("meta"):
+        module = Assistant(read_assistant_info(draft, with_weights=False))
+    want = sum(t.numel() * (4 if k.endswith("token_ordering") else 2) for k, t in module.state_dict().items())
+    assert got["drafter"]["weights"] == want
+    assert got["total_per_core"] == plain["total_per_core"] + want and got["kv_per_core"] == plain["kv_per_core"]
+    dims = ModelDims.from_hf(real_config(size))
+    kv = {j: 2 * batch * dims.kv_heads[j] * dims.head_dims[j] * 2 for j in dims.kv_layers}  # bytes per position
+    full, sliding = (max(i for i in dims.kv_layers if dims.layer_types[i] == t)
+                     for t in ("full_attention", "sliding_attention"))
+    store_kv = kv[full] * 4096 + kv[sliding] * dims.ring_size(4096)
+    head_rows = 32 * 262144 // 2048
+    assert got["drafter"]["head_rows"] == head_rows
+    rest = want - 262144 * 256 * 2 - 262144 * 4  # all but its embedding and token ordering
+    assert got["drafter"]["draft_read"] == rest + batch * head_rows * (256 * 2 + 4) + batch * dims.hidden_size * 2 \
+        + store_kv
+    compile_main(base[:-1] + ["--draft-model", str(draft)])
+    text = capsys.readouterr().out
+    assert f"+ MTP drafter {want / GIB:6.2f} GiB + KV cache" in text and "MTP drafter drafter (it adds no KV)" in text
+    compile_main(base[:-1])
+    assert "drafter" not in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """compile smoke without inf2: its own logic (versions with local labels, a time limit per step, a step that
-reported and then died, teacher-forced logit and candidate comparison, the extend check) and its toy, topk and
-tp1 steps run against the Neuron test double, which keys weights with `->` as NxD does."""
+reported and then died, teacher-forced logit and candidate comparison, the extend and draft checks) and its toy,
+topk and tp1 steps run against the Neuron test double, which keys weights with `->` as NxD does."""
 
 from __future__ import annotations
 
@@ -99,11 +99,19 @@ class Skewed:
         out = self.inner.extend(spec, inputs)
         return Candidates(out.values.float() + self.bias, out.ids) if spec.candidates else out.float() + self.bias
 
+    def draft(self, inputs):
+        ids, hidden = self.inner.draft(inputs)
+        return ids, hidden.float() + self.bias
+
 
 @pytest.mark.parametrize("bias,ok", [(0.0, True), (1.0, False)])
-def test_extend_check_compares_both_extend_graphs_with_the_cpu(tiny_dirs, bias, ok):
-    """The smoke test's extend step on two CPU backends: equal graphs pass (with clear rows, so the argmax and
-    best-id checks are not empty), and extend outputs off by more than the tolerance fail, in both variants."""
+def test_extend_and_draft_checks_compare_with_the_cpu(tiny_dirs, tmp_path, bias, ok):
+    """The smoke test's extend and draft steps on two CPU backends: equal graphs pass (with clear rows, so the
+    argmax and best-id checks are not empty), and outputs off by more than the tolerance fail, in both extend
+    variants and in the drafter's next hidden state."""
+    from neuron_workers.model.assistant import load_assistant
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
     cfg = EngineConfig(model=str(tiny_dirs["gemma4-e2b-tiny"]), max_context=64, prefill_buckets=(16, 32),
                        max_batch=2, dtype="bfloat16")
     ref, dev = build_engine(cfg), build_engine(cfg)
@@ -115,18 +123,25 @@ def test_extend_check_compares_both_extend_graphs_with_the_cpu(tiny_dirs, bias, 
         assert "argmax equal in 1/1 clear rows" in detail and "best id equal in 1/1 clear rows" in detail
     else:
         assert "max |logit diff| 1.000" in detail and "max |value diff| by rank 1.000" in detail
+    drafter = write_tiny_assistant(tiny_dirs["gemma4-e2b-tiny"], tmp_path / "drafter", seed=1)
+    dev.backend.attach_drafter(load_assistant(drafter, torch.bfloat16))
+    got, detail = smoke_tiny.draft_step(ref.backend, Skewed(dev.backend, bias), str(drafter))
+    assert got == ok and "draft id equal in 1/1 clear rows" in detail, detail
+    assert ("max |next hidden diff| 0.000" if ok else "max |next hidden diff| 1.000") in detail, detail
 
 
 @pytest.mark.slow
 def test_tp1_step_runs_against_the_double():
-    """The tiny tp=1 step end to end against the double: teacher-forced logits, the top-K `decode` against
-    `decode_logits`, and the extend graphs (built for a 16-token chunk) against the CPU backend's extend."""
+    """The tiny tp=1 step end to end against the double: teacher-forced logits, the top-K `decode_h` against
+    `decode_logits`, the extend graphs (built for a 16-token chunk, the top-K one as `_h`: the build has a tiny
+    MTP drafter) against the CPU backend's extend, and one draft step of both slots against the CPU's."""
     with neuron_double.installed() as calls:
         ok, detail = smoke._run_step("tp1").values()
     assert ok, detail
     assert detail.startswith("tp=1: ") and "argmax equal in" in detail and "tokens equal" in detail
     assert "extend_1x16_logits: 1 calls" in detail and "best id equal in 1/1 clear rows" in detail
+    assert "draft: 2 rows, max |next hidden diff| 0.000" in detail and "draft id equal in 1/1 clear rows" in detail
     traced = [c[1] for c in calls if c[0] == "trace"]
-    assert traced[-2:] == ["extend_1x16", "extend_1x16_logits"]
+    assert traced[-3:] == ["extend_1x16_h", "extend_1x16_logits", "draft"]
     ran = {c[1] for c in calls if c[0] == "forward"}
-    assert {"decode", "decode_logits", "extend_1x16", "extend_1x16_logits"} <= ran
+    assert {"decode_h", "decode_logits", "extend_1x16_h", "extend_1x16_logits", "draft"} <= ran

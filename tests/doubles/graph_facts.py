@@ -22,24 +22,24 @@ class _Outputs(nn.Module):
         super().__init__()
         self.m = m
 
-    def forward(self, *args):
-        head = self.m(*args)  # the logits, or (candidate values, ids)
+    def forward(self, *args, **kwargs):
+        head = self.m(*args, **kwargs)  # the logits, or (candidate values, ids), or (draft ids, next hidden)
         return (*(head if isinstance(head, tuple) else (head,)), *(getattr(self.m, n) for n in self.m.kv_names))
 
 
-def trace_facts(module, args) -> tuple[dict[str, KvUse], list[str]]:
-    """Export module(*args) and read off (per KV buffer: read / written / from its old value) and the names
-    of the other tensors the forward reads (its weights, as a trace sees them)."""
-    uses, weights, _ = export_facts(module, args)
+def trace_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]]:
+    """Export module(*args, **kwargs) and read off (per KV buffer: read / written / from its old value) and the
+    names of the other tensors the forward reads (its weights, as a trace sees them)."""
+    uses, weights, _ = export_facts(module, args, kwargs)
     return uses, weights
 
 
-def export_facts(module, args) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]]]:
+def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]]]:
     """`trace_facts`, plus the shapes of the graph's outputs before the KV buffers (its heads)."""
     saved = {n: getattr(module, n) for n in module.kv_names}
     try:
         with torch.no_grad():
-            ep = torch.export.export(_Outputs(module), args, strict=False)
+            ep = torch.export.export(_Outputs(module), args, kwargs or None, strict=False)
     finally:
         for n, t in saved.items():
             setattr(module, n, t)

@@ -18,11 +18,14 @@ as the NxD 0.18 source and torch-xla's documentation describe the real ones:
   double runs the module eagerly, which could otherwise return what no compiled graph would);
 - TopK (k, row width, dim) and the fundamental units (`trace.functions.compile`, `NxDModel.add`): see
   neuron_double_units.py;
+- trace and forward take positional tensors and keyword tensors (NxD 0.19 `trace/functions.py`
+  `_process_example_inputs`: a keyword must name a forward parameter not given positionally, and every
+  parameter without a default must be given); the inputs are the given ones in signature order;
 - forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
   NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
   traced dtypes, after `set_weights` and `to_neuron`;
-- a graph keeps the module switches it was traced under (`candidates`, `per_position`: which decode or
-  extend variant), as a compiled graph does.
+- a graph keeps the module switches it was traced under (`candidates`, `per_position`, `hidden`: which decode
+  or extend variant), as a compiled graph does.
 
 `installed()` puts the fakes in sys.modules. Traced graphs are not compiled: the double keeps the module
 ModelBuilder was given and runs it on the CPU (its registered KV buffers standing in for device state), with
@@ -73,6 +76,7 @@ class TraceArtifacts:
     weight_name_to_idx: dict[str, int]
     metaneff: types.SimpleNamespace
     inputs: list[tuple[tuple[int, ...], torch.dtype]]
+    names: list = None  # the forward parameters given, in signature order
     switches: dict = None  # module attributes the trace was taken under (the graph keeps them)
     heads: list = None  # the graph's output shapes (before the state)
     module: object = None  # what the double runs in place of the NEFF
@@ -93,9 +97,10 @@ class ModelBuilder:
         CALLS.append(("ModelBuilder", type(model).__name__))
 
     def trace(self, args=None, kwargs=None, tag=None, spmd=True):
-        if kwargs is not None or not isinstance(args, tuple):
-            raise DoubleRejects("inputs must be a tuple of positional tensors")
-        uses, weights, heads = export_facts(self.model, args)
+        if not isinstance(args, tuple) or not isinstance(kwargs or {}, dict):
+            raise DoubleRejects("inputs must be a tuple of positional tensors (and a dict of keyword tensors)")
+        names, given = provided(self.model, args, kwargs or {})
+        uses, weights, heads = export_facts(self.model, args, kwargs or {})
         for name, u in uses.items():
             if u.written and not (u.read and u.from_old):
                 raise DoubleRejects(f"{tag}: buffer {name} is written without reading its old value: "
@@ -103,13 +108,13 @@ class ModelBuilder:
         state = [MetaTensor("INPUT_STATE", n.encode()) for n, u in uses.items() if u.written]
         weights += [n for n, u in uses.items() if u.read and not u.written]  # read-only: a weight
         weights = device_copies(self.model, weights)
-        inputs = [(tuple(a.shape), a.dtype) for a in args]
+        inputs = [(tuple(a.shape), a.dtype) for a in given]
         # the module's own trace-time switches (which decode or extend variant): the compiled graph keeps them
-        switches = {n: getattr(self.model, n, None) for n in ("candidates", "per_position")}
-        hlo = FakeHlo(repr((inputs, weights, sorted(uses), switches, heads)))
+        switches = {n: getattr(self.model, n, None) for n in ("candidates", "per_position", "hidden")}
+        hlo = FakeHlo(repr((names, inputs, weights, sorted(uses), switches, heads)))
         self.trace_artifacts_collection[tag] = TraceArtifacts(
             {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),
-            inputs, switches, heads, self.model, hlo)
+            inputs, names, switches, heads, self.model, hlo)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -137,7 +142,8 @@ class FakeNxDModel:
             raise DoubleRejects("every graph of one NxDModel must come from the module the state came from")
         self.module, self.traces[key] = trace_artifacts.module, trace_artifacts
         self.arg_names = list(inspect.signature(self.module.forward).parameters)
-        self.routes.setdefault(route_key(self.arg_names, [s for s, _ in trace_artifacts.inputs]), []).append(key)
+        names = trace_artifacts.names or self.arg_names
+        self.routes.setdefault(route_key(names, [s for s, _ in trace_artifacts.inputs]), []).append(key)
         CALLS.append(("add", key))
         return self
 
@@ -177,31 +183,50 @@ class FakeNxDModel:
         self.on_device = True
         CALLS.append(("to_neuron",))
 
-    def forward(self, *args, model_name=None, forward_mode="default"):
+    def forward(self, *args, model_name=None, forward_mode="default", **kwargs):
         if not self.on_device:
             raise DoubleRejects("to_neuron() must come before forward")
-        tags = self.routes.get(route_key(self.arg_names, [tuple(a.shape) for a in args]))
+        names, given = provided(self.module, args, kwargs)
+        tags = self.routes.get(route_key(names, [tuple(a.shape) for a in given]))
         if not tags:
             raise DoubleRejects(f"no traced graph takes inputs of these names and shapes: "
-                                f"{[tuple(a.shape) for a in args]}")
+                                f"{list(zip(names, [tuple(a.shape) for a in given]))}")
         if model_name is None and len(tags) > 1:
             raise DoubleRejects(f"inputs match {tags}: model_name is required")
         tag = model_name if model_name is not None else tags[0]
         if tag not in tags:
             raise DoubleRejects(f"model_name {tag!r} does not take these inputs (they route to {tags})")
-        if [(tuple(a.shape), a.dtype) for a in args] != self.traces[tag].inputs:
+        if [(tuple(a.shape), a.dtype) for a in given] != self.traces[tag].inputs:
             raise DoubleRejects(f"inputs differ from the traced {tag}")
         CALLS.append(("forward", tag))
         for name, value in (self.traces[tag].switches or {}).items():
             if value is not None:
                 setattr(self.module, name, value)
         with torch.no_grad(), units.device_gather():
-            out = self.module(*args)
+            out = self.module(*args, **kwargs)
         got = [tuple(t.shape) for t in (out if isinstance(out, tuple) else (out,))]
         if self.traces[tag].heads is not None and got != self.traces[tag].heads:
             raise DoubleRejects(f"{tag} returned shapes {got}, but the compiled graph returns the traced "
                                 f"{self.traces[tag].heads}")
         return out
+
+
+def provided(module, args: tuple, kwargs: dict) -> tuple[list[str], list]:
+    """The forward parameters given (names, tensors), in signature order, as NxD orders them: the positional ones,
+    then each keyword in signature order; a keyword that is no parameter or repeats a positional one, or a
+    parameter without a default left out, is refused as NxD refuses it."""
+    params = [p for p in inspect.signature(module.forward).parameters.values() if p.name != "self"]
+    if len(args) > len(params):
+        raise DoubleRejects(f"{len(args)} positional inputs for a forward of {len(params)} parameters")
+    names = [p.name for p in params[: len(args)]]
+    unknown = set(kwargs) - {p.name for p in params[len(args):]}
+    if unknown:
+        raise DoubleRejects(f"keyword inputs {sorted(unknown)} are not parameters left after the positional ones")
+    missing = [p.name for p in params[len(args):] if p.default is inspect.Parameter.empty and p.name not in kwargs]
+    if missing:
+        raise DoubleRejects(f"missing required parameters {missing}")
+    later = [p.name for p in params[len(args):] if p.name in kwargs]
+    return names + later, list(args) + [kwargs[n] for n in later]
 
 
 def _identity(x):

@@ -208,7 +208,5 @@ def test_a_drafter_that_does_not_fit_is_refused(tiny_dirs, drafters, tmp_path):
     cfg = json.loads((e4b / "config.json").read_text())
     with pytest.raises(UserError, match="two drafters"):
         EngineConfig(model="m", draft_model=str(e4b), speculative_method="ngram")
-    with pytest.raises(UserError, match="cpu backend") as e:
-        build_engine(EngineConfig(model=str(tiny_dirs["gemma4-e4b-tiny"]), draft_model=str(e4b), backend="neuron",
-                                  artifacts=str(tmp_path)))
-    assert e.value.param == "draft_model" and cfg["model_type"] == "gemma4_assistant"
+    assert cfg["model_type"] == "gemma4_assistant"
+    # artifacts built without this drafter: tests/compile/test_manifest.py (check_drafter) and test_compile.py

@@ -7,6 +7,8 @@ three tiny structures at batch 3 (bf16, as a neuron build):
   over a whole KV buffer; prefill writes one row (a scatter of one slot); an extend graph writes its R rows'
   T positions (a scatter of R x H x T x D elements into the buffer's [B*H*N, D] view);
 - the tied embedding is one parameter, not two copies;
+- with an MTP drafter: the `draft` graph writes no KV (every KV buffer a parameter returned as it came in: no
+  scatter, no select) and sorts only the centroid scores; the `_h` candidate graphs write the KV as the plain ones;
 - `python -m compile hlo` writes each graph's text and the audit (the op inventory) for the first inf2 run.
 """
 
@@ -123,3 +125,38 @@ def test_the_tiled_top_k_at_the_real_width_sorts_no_row_wider_than_the_tile(batc
     assert tiled["sort_widths"] == [TILE_LIMIT, TILE_LIMIT] and tiled["widest_sort"] <= TILE_LIMIT
     whole = audit(torch_xla._XLAC._get_xla_tensors_hlo(list(torch.topk(x, 256, dim=-1))), [])
     assert whole["widest_sort"] == 262144
+
+
+def test_with_a_drafter_the_draft_graph_writes_no_kv_and_the_h_graphs_write_as_before(tiny_dirs, tmp_path):
+    """E2B-like (PLE: the draft's placeholder input), batch 3, bf16, `compile hlo --draft-model`: `draft` takes every
+    KV buffer and returns each untouched (a write or a whole-buffer select would fail this), with no 64-bit tensor
+    wider than its rows' candidate ids and no sort wider than the centroids' tiles; `decode_h` and the verify
+    `extend_3x8_all_h` write each KV buffer as `decode` and `extend_3x8_all` do, and return nothing unchanged."""
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
+    name = "gemma4-e2b-tiny"
+    drafter = write_tiny_assistant(tiny_dirs[name], tmp_path / "drafter", seed=1)
+    out = tmp_path / "hlo"
+    assert compile_main(["hlo", "--model", str(tiny_dirs[name]), "--out", str(out), "--batch", str(BATCH),
+                         "--max-context", str(CTX), "--prefill-buckets", "32", "--draft-model", str(drafter)]) == 0
+    report = json.loads((out / "audit.json").read_text())
+    assert list(report) == ["prefill_32", "decode_logits", "decode_h", "extend_1x16_h", "extend_1x16_logits",
+                            "extend_3x8_all_h", "draft"]
+    eng = build_engine(EngineConfig(model=str(tiny_dirs[name]), backend="xla", max_context=CTX, prefill_buckets=(32,),
+                                    max_batch=BATCH, dtype="bfloat16"))
+    try:
+        shapes = kv_shapes(eng.backend)
+        plain = {s.tag: audit(eng.backend.hlo(s, tuple(t.zeros() for t in s.host_inputs)), shapes)
+                 for s in (eng.backend.spec("decode", 1, eng.backend.candidates),
+                           eng.backend.extend_spec(8, BATCH, per_position=True))}
+    finally:
+        eng.close()
+    draft = report["draft"]
+    assert draft["kv_parameters"] == draft["kv_passed_through"] == len(shapes)
+    assert draft["kv_scatter_update_elements"] == [] and draft["kv_selects"] == 0
+    candidates = 4 * 512 // 16  # centroid_top_k clusters of vocab / num_centroids tokens
+    assert "f64" not in draft["wide"] and draft["wide"].get("s64", 0) <= BATCH * candidates, draft["wide"]
+    assert draft["widest_sort"] <= 16 and draft["constant_elements"] <= MAX_CONSTANT_ELEMENTS  # 16 centroids
+    for tag, base in (("decode_h", "decode"), ("extend_3x8_all_h", "extend_3x8_all")):
+        assert sorted(report[tag]["kv_scatter_update_elements"]) == sorted(plain[base]["kv_scatter_update_elements"])
+        assert report[tag]["kv_passed_through"] == 0 and report[tag]["kv_selects"] == 0, tag

@@ -1,5 +1,6 @@
 """The xla twin (tier `-m xla`, torch 2.9 + torch-xla 2.9; skipped where torch_xla is absent): the module the
-Neuron build traces, on an XLA CPU device, against the CPU backend, for the three tiny structures at TP=1,
+Neuron build traces, on an XLA CPU device, against the CPU backend (chunked prefill, speculative verify and an MTP
+drafter's draft graph included), for the three tiny structures at TP=1,
 batched with staggered arrivals (4 sequences through 3 slots, prompts in two buckets, one past the sliding
 window of 8, a slot reused):
 - fp32: every sequence's greedy tokens equal the CPU backend's exactly;
@@ -136,6 +137,40 @@ def test_fp32_speculative_verify_through_the_extend_graph_equals_the_cpu_backend
     assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
     assert all(n <= 1 for n in twin.compiles.values()) and twin.fallback_ops() == {}
     xla.close()
+
+
+@pytest.mark.parametrize("name", ["gemma4-e2b-tiny", "gemma4-12b-tiny"])  # PLE (the draft's placeholder) and not
+def test_fp32_mtp_drafts_and_tokens_equal_the_cpu_backend(name, tiny_dirs, tmp_path):
+    """An MTP drafter (`draft_model`, a tiny random assistant, 3 drafts a step) on the twin: the module runs the
+    `draft` graph over its KV state and the `_h` candidate graphs (`decode_h`, the verify `extend_3x4_all_h`), and
+    every round of drafts and every greedy token equals the CPU backend's (the drafts read the hidden states the
+    twin's `_h` graphs returned); one XLA program per graph, no fallback."""
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
+    drafter = write_tiny_assistant(tiny_dirs[name], tmp_path / "drafter", seed=1)
+    runs = {}
+    for backend in ("cpu", "xla"):
+        eng = build_engine(EngineConfig(model=str(tiny_dirs[name]), backend=backend, max_context=CTX,
+                                        prefill_buckets=BUCKETS, max_batch=BATCH, draft_model=str(drafter),
+                                        num_speculative_tokens=3))
+        rounds, propose = [], eng.drafter.propose_all
+
+        def drafts(seqs, rooms, propose=propose, rounds=rounds):
+            got = propose(seqs, rooms)
+            rounds.append(sorted((s.prompt_ids + s.output_ids, got[s.seq_id]) for s in seqs))
+            return got
+
+        eng.drafter.propose_all = drafts
+        runs[backend] = (run_staggered(eng), rounds, eng)
+    (want, cpu_rounds, _), (got, xla_rounds, xla) = runs["cpu"], runs["xla"]
+    assert got == want and xla_rounds == cpu_rounds and xla.drafter.steps >= 10
+    assert sum(len(d) for r in xla_rounds for _, d in r) > 20  # drafts made (a random drafter: mostly rejected)
+    twin = xla.backend
+    assert {"draft", "decode_h", "extend_3x4_all_h"} <= set(twin.graph_hashes) and "decode" not in twin.graph_hashes
+    assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
+    assert all(n <= 1 for n in twin.compiles.values()) and twin.fallback_ops() == {}, (twin.compiles, twin.calls)
+    xla.close()
+    runs["cpu"][2].close()
 
 
 def assert_one_program_per_graph(twin, decode_tag: str) -> None:
