@@ -87,8 +87,10 @@ def test_events_come_back_paced_not_one_message_per_step():
             assert len(ats) == 20 and ats == sorted(ats) and all(item.at <= seen for seen, item in got)
             if not stream:
                 assert len(with_tokens) == 1 and len(with_tokens[0]) == 20
-            else:  # 20 steps of 5 ms: the first tokens at once, then every 50 ms, then the last
-                assert got[0][0] < ats[-1] - 0.05 and 2 <= len(with_tokens) <= 5, with_tokens
+            else:  # 20 steps of 5 ms: the first tokens at once, then at most one message per 50 ms, then the
+                # last; a loaded box makes the steps (ats) slower, and the bound follows the time they took
+                most = 3 + int((ats[-1] - ats[0]) / 0.05)
+                assert got[0][0] < ats[-1] - 0.05 and 2 <= len(with_tokens) <= min(most, 19), (with_tokens, ats)
         assert p.steps >= 30  # the child's own count of steps (about one per token), though few messages came
     finally:
         p.close()
