@@ -6,7 +6,7 @@
          trace + compile the graphs, write artifacts + manifest (a neuron build pins NEURON_RT_VISIBLE_CORES:
          --cores, else the variable, else the first tp cores; it adds the extend graphs extend_1xN and
          extend_1xN_logits of chunked prefill: N default 256 when the sliding ring holds it, 0 none; and with
-         K the verify graph extend_BxK+1_all of speculative decoding; with an MTP drafter (neuron, tp=1) the
+         K the verify graph extend_BxK+1_all of speculative decoding; with an MTP drafter (neuron) the
          draft graph and the _h variants of the candidate graphs: decode_h, extend_BxK+1_all_h, K default 4)
   build  --config configs/inf2.yaml [--model NAME] [--jobs J]
          the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and
@@ -67,7 +67,7 @@ def parse(argv):
                                                      "256, when the sliding ring holds it; 0: none)")
     b.add_argument("--num-speculative-tokens", type=int,
                    help="neuron: also build the verify graph of speculative decoding (ngram) for K drafts a step")
-    b.add_argument("--draft-model", help="neuron, tp=1: build the draft graph of this MTP drafter (a gemma4_assistant "
+    b.add_argument("--draft-model", help="neuron: build the draft graph of this MTP drafter (a gemma4_assistant "
                                          "checkpoint) and the candidate graphs' _h variants")
     b.add_argument("--cores", help="NeuronCores the build may use, e.g. 2-3 (default: NEURON_RT_VISIBLE_CORES "
                                    "if set, else the first tp): keep clear of a running server's cores")

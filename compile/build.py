@@ -2,7 +2,7 @@
 the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, and for neuron the
 extend graphs of chunked prefill (`extend_1xT`, `extend_1xT_logits`, T the resolved `prefill_chunk`: default 256,
 0 or a model whose sliding ring is smaller: none) and, with `num_speculative_tokens` K, the verify graph
-`extend_{B}x{K+1}_all`, and with `draft_model` (an MTP drafter, neuron at tp=1) the `_h` variants of the
+`extend_{B}x{K+1}_all`, and with `draft_model` (an MTP drafter, neuron) the `_h` variants of the
 candidate graphs and the `draft` graph (K defaults to 4 then, as serving that drafter does), hand them to the
 backend's builder with per-graph progress, and write the manifest that serving checks (with the extend graphs
 and their T as `extend_buckets`, and the drafter's facts). The cpu backend writes strict torch.export programs
@@ -80,14 +80,18 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
 
 def load_drafter(cfg: EngineConfig, loaded, ctx: int, progress):
     """The MTP drafter `cfg.draft_model` (a `gemma4_assistant` checkpoint), checked against the target and the
-    build (neuron, tp=1, k within the rings' slack), in the build's dtype."""
+    build (neuron; at tp=2 its heads must split as the target's K/V do; k within the rings' slack), in the build's
+    dtype."""
     from neuron_workers.engine.speculate import check_speculative_tokens
     from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info
+    from neuron_workers.parallel.shard_plan import plan_for_assistant
 
-    if cfg.backend != "neuron" or cfg.tp != 1:
-        raise UserError(f"a build with draft_model is a neuron build at tp=1 (asked: {cfg.backend}, tp={cfg.tp}); "
-                        "the cpu backend runs the drafter without artifacts", param="draft_model")
-    check_pairing(read_assistant_info(cfg.draft_model), loaded.dims)
+    if cfg.backend != "neuron":
+        raise UserError(f"a build with draft_model is a neuron build (asked: {cfg.backend}); the cpu backend runs "
+                        "the drafter without artifacts", param="draft_model")
+    info = read_assistant_info(cfg.draft_model)
+    check_pairing(info, loaded.dims)
+    plan_for_assistant(info.text_config, cfg.tp)  # a UserError when its heads do not split over tp ranks
     check_speculative_tokens(speculative_tokens(cfg), loaded.dims.ring_size(ctx), loaded.dims.sliding_window, ctx,
                              mtp=True)
     drafter = load_assistant(cfg.draft_model, loaded.dtype)

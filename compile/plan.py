@@ -173,7 +173,7 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
         raise UserError(f"max context must be in [2, {dims.max_position_embeddings}], got {ctx}")
     plan = make_plan(dims, intermediate_sizes(cfg), tp)
     cores, ram_gib = INSTANCES[instance]
-    draft = drafter_plan(drafter, dims, batch, ctx) if drafter is not None else None
+    draft = drafter_plan(drafter, dims, batch, ctx, plan) if drafter is not None else None
     w = weights_per_core(cfg, dims, plan)
     wd = w + (draft["weights"] if draft else 0)
     fit = lambda c: wd + kv_per_core(dims, plan, batch, c) + activations_per_core(  # noqa: E731
@@ -186,8 +186,6 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
         reasons.append(f"needs {(wd + kv + act) / GIB:.2f} GiB per core, a NeuronCore has {HBM_PER_CORE / GIB:.0f} GiB")
     if tp > cores:
         reasons.append(f"tp={tp} needs {tp} NeuronCores, {instance} has {cores}")
-    if draft and tp > 1:
-        reasons.append(f"a Neuron build with an MTP drafter is tp=1 (asked tp={tp})")
     if ple > ram_gib * GIB * 0.8:
         reasons.append(f"the PLE table ({ple / GIB:.1f} GiB) exceeds 80% of {instance}'s {ram_gib} GiB RAM")
     out_top, out_logits = decode_output_bytes(dims, batch)
@@ -218,18 +216,20 @@ def drafter_params(info) -> dict[str, int]:
     return {"layers": layers, "rest": rest, "embed": cfg.vocab_size * h, "ordering": cfg.vocab_size if ordered else 0}
 
 
-def drafter_plan(info, dims: ModelDims, batch: int, ctx: int) -> dict:
-    """{name, weights (HBM bytes), draft_read (HBM bytes one draft step of `batch` rows reads), head_rows (the
-    embedding rows a row scores)}."""
+def drafter_plan(info, dims: ModelDims, batch: int, ctx: int, plan: ShardPlan) -> dict:
+    """{name, weights (HBM bytes per core), draft_read (HBM bytes one draft step of `batch` rows reads on a core),
+    head_rows (the embedding rows a row scores)}. At tp > 1 its layers are split over the ranks (as
+    `parallel.layers.apply_tp_assistant`), the rest whole on every core, and it reads each rank's K/V."""
     from neuron_workers.model.assistant import store_layers
 
     p, h = drafter_params(info), info.text_config.hidden_size
+    p = {**p, "layers": p["layers"] // plan.tp}
     weights = (p["layers"] + p["rest"] + p["embed"]) * BF16 + p["ordering"] * 4
     vocab = info.text_config.vocab_size
     rows = info.centroid_top_k * vocab // info.num_centroids if info.use_ordered_embeddings else vocab
     head = batch * rows * (h * BF16 + 4) if info.use_ordered_embeddings else vocab * h * BF16
     sto = store_layers(dims)
-    kv = sum(2 * batch * dims.kv_heads[j] * dims.head_dims[j] * (ctx if t == FULL else dims.ring_size(ctx)) * BF16
+    kv = sum(2 * batch * plan.kv_heads[j] * dims.head_dims[j] * (ctx if t == FULL else dims.ring_size(ctx)) * BF16
              for t, j in sto.items())
     read = (p["layers"] + p["rest"]) * BF16 + head + batch * dims.hidden_size * BF16 + kv
     return {"name": Path(info.model_dir).name, "weights": weights, "draft_read": read, "head_rows": rows}

@@ -22,7 +22,8 @@ time limit (a TP collective that hangs must still report):
            LOGIT_TOL, the same best id where clear), against the CPU backend's extend with the same inputs;
            the build has a tiny MTP drafter too (its draft graph and the `_h` candidate graphs): one draft step of
            both slots against the CPU backend's (next hidden state within HIDDEN_RTOL, draft ids where clear)
-  tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1 (no drafter: a drafter build is tp=1)
+  tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1 (its drafter's layers split over the
+           two cores; the CPU reference runs it whole)
 One table, PASS/FAIL per step (a step that reported and then exited non-zero says so, and fails); exit
 1 if any step failed. Without the SDK: one line saying what to install, exit 2.
 """

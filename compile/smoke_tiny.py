@@ -2,8 +2,8 @@
 ON HARDWARE HERE (tests/compile/test_smoke.py runs tp1 against the Neuron test double).
 
 A tiny checkpoint is built at context 64 (batch 2, buckets 16 and 32, and the extend graphs of a 16-token chunk:
-the tiny models' ring, window 8 + slack 8; at tp=1 with a tiny MTP drafter too: the draft graph and the `_h`
-candidate graphs) and then:
+the tiny models' ring, window 8 + slack 8; with a tiny MTP drafter too: the draft graph and the `_h` candidate
+graphs, at tp=2 its layers split over the two cores) and then:
   teacher   two prompts of 20 tokens (past the sliding window) decoded together on the CPU backend (bf16), and the
             very same inputs fed to the device, call by call: logits within LOGIT_TOL, the same argmax wherever the
             CPU's top two are further apart than 2 * LOGIT_TOL (`compare_logits`)
@@ -12,7 +12,7 @@ candidate graphs) and then:
             graph (the chunk wraps the ring), on both backends with the same inputs: a full chunk through
             `extend_1x16_logits` (slot 0, `compare_logits`) and a short one through the top-K `extend_1x16`
             (slot 1, `compare_candidates`: values by rank within LOGIT_TOL, the same best id where clear)
-  draft     (tp=1) after the extend step, one draft step for both slots on both backends with the same inputs
+  draft     after the extend step, one draft step for both slots on both backends with the same inputs
             (a seeded hidden state, the rows at their next positions, over the KV each wrote): the drafter's next
             hidden state within HIDDEN_RTOL of the CPU's largest value, the same draft id in every row whose two
             best drafter logits (CPU) are further apart than 2 * LOGIT_TOL (`draft_check`)
@@ -42,9 +42,9 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_tiny(Path(tmp), name)
         art = Path(tmp) / "art"
-        drafter = str(write_tiny_assistant(ckpt, Path(tmp) / "drafter", seed=1)) if tp == 1 else None
+        drafter = str(write_tiny_assistant(ckpt, Path(tmp) / "drafter", seed=1))
         build(EngineConfig(str(ckpt), "neuron", tp, 64, (16, 32), "bfloat16", artifacts=str(art), max_batch=2,
-                           prefill_chunk=CHUNK, draft_model=drafter, num_speculative_tokens=0 if drafter else None),
+                           prefill_chunk=CHUNK, draft_model=drafter, num_speculative_tokens=0),
               progress=lambda m: None, jobs=1)
         cpu = build_engine(EngineConfig(model=str(ckpt), max_context=64, prefill_buckets=(16, 32), max_batch=2,
                                         dtype="bfloat16"))
@@ -64,9 +64,9 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
             full = _tokens(device, PROMPTS)
             ext_ok, ext = extend_check(rec.inner, backend, device.model.ple, device.dims.sliding_window, CHUNK,
                                        EXTEND_PROMPT)
-            if drafter:  # the slots hold what extend_check wrote, the same on both backends
-                draft_ok, drafted = draft_step(rec.inner, backend, drafter)
-                ext_ok, ext = ext_ok and draft_ok, f"{ext}; {drafted}"
+            # the slots hold what extend_check wrote, the same on both backends
+            draft_ok, drafted = draft_step(rec.inner, backend, drafter)
+            ext_ok, ext = ext_ok and draft_ok, f"{ext}; {drafted}"
         finally:
             device.close()
             cpu.close()

@@ -6,10 +6,12 @@ weights and as state against what we save, compile with per-graph flags and a bo
 each rank's weights. The top-K of `decode` and of the extend graphs is the graphs' tiled one
 (`model.tiled_topk`) with the SDK's TopK per tile (`neuron_topk`).
 
-With an MTP drafter (`drafter`, a loaded `model.assistant.Assistant`; tp=1) the module holds its weights too
-(`drafter.*`, saved beside the target's), the candidate graphs are traced in their `_h` variants and the `draft`
-graph last, with its hidden state as the keyword input `hidden` (`graph_model.draft_call`); like every graph it
-must take exactly the KV buffers as state (it returns them unchanged).
+With an MTP drafter (`drafter`, a loaded `model.assistant.Assistant`) the module holds its weights too (`drafter.*`,
+saved beside the target's; at tp=2 its layers sharded as the cpu backend's, `parallel.layers.apply_tp_assistant`:
+query heads split as the rank-local K/V they read, its embedding, head and projections whole), the candidate graphs
+are traced in their `_h` variants and the `draft` graph last, with its hidden state as the keyword input `hidden`
+(`graph_model.draft_call`); like every graph it must take exactly the KV buffers as state (it returns them
+unchanged).
 
 WRITTEN AGAINST THE NxD CORE 0.19 SOURCE AND DOCS, NOT RUN ON HARDWARE HERE: tests/doubles/neuron_double.py
 stands in for the SDK and enforces the rules the real one does. Compiling needs a Neuron host:
@@ -49,8 +51,6 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
     full = dict(loaded.hf_lm.state_dict())  # unsharded weights (+ RoPE tables, embed scale), serving dtype
     plan = plan_for(loaded.info.text_config, tp)
     kv_heads = plan.kv_heads if tp > 1 else None
-    if drafter is not None and tp > 1:
-        raise UserError("a build with an MTP drafter is tp=1 only", param="draft_model")
     # the very specs NeuronBackend asks for at run time (one code path: NeuronSpecs.graph_specs)
     spec_maker = NeuronSpecs(dims, max_context, buckets, batch, dtype, kv_heads)
     spec_maker.hidden_states = drafter is not None
@@ -59,16 +59,13 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         if tp > 1:
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
         model = graph_model(loaded.hf_lm, dims, max_context, batch, dtype, kv_heads)
-        if drafter is not None:
-            persistent += make_buffers_persistent(drafter)
-            model.attach(drafter)
-            full.update({f"drafter.{k}": v for k, v in drafter.state_dict().items()})  # token_ordering now int32
+        drafter_plan = attach_drafter(model, drafter, tp, full, persistent) if drafter is not None else None
         model.use_topk(neuron_topk)
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
             trace_one(builder, model, spec, bool(dims.ple_dim))
-        weights = [rank_state_dict(model, full, plan, r) for r in range(tp)]
+        weights = [rank_state_dict(model, full, plan, r, drafter_plan) for r in range(tp)]
         traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
         copies = sorted(k for k in traced if k.endswith(EMBEDDING_KEYS) and not k.startswith("drafter."))
         if len(copies) > 1:  # compile plan counts one; graph_model.TiedHead is there to keep it one
@@ -85,6 +82,24 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         kept = {k: v.contiguous().clone() for k, v in w.items() if k in traced}  # tied duplicates drop out
         save_file(kept, str(out_dir / WEIGHTS_DIR / f"tp{r}.safetensors"))
     return flags
+
+
+def attach_drafter(model: NeuronGraphModel, drafter, tp: int, full: dict, persistent: list):
+    """Make `drafter` the module's (`NeuronGraphModel.attach`), sharded to rank 0's shapes at tp > 1; its full
+    weights join `full` under `drafter.` (token_ordering int32, as the module holds it) and its non-persistent
+    buffers `persistent`. Returns the drafter's shard plan."""
+    from neuron_workers.parallel.layers import apply_tp_assistant
+    from neuron_workers.parallel.shard_plan import plan_for_assistant
+
+    dplan = plan_for_assistant(drafter.info.text_config, tp)
+    persistent += make_buffers_persistent(drafter)
+    whole = {f"drafter.{k}": v.to(torch.int32) if k.endswith("token_ordering") else v
+             for k, v in drafter.state_dict().items()}  # before the layers are sliced
+    if tp > 1:
+        apply_tp_assistant(drafter, dplan, 0, NxdCollectives())
+    model.attach(drafter)
+    full.update(whole)
+    return dplan
 
 
 def trace_one(builder, model: NeuronGraphModel, spec, ple: bool) -> None:
@@ -111,16 +126,20 @@ def neuron_topk(x: torch.Tensor, k: int, dim: int):
     return TopK.apply(x, k, dim=dim)
 
 
-def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan, rank: int) -> dict:
-    """Rank `rank`'s weights for `model` (built for any rank), sliced from the full HF state dict."""
+def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan, rank: int, drafter_plan=None
+                    ) -> dict:
+    """Rank `rank`'s weights for `model` (built for any rank), sliced from the full HF state dict (and the
+    drafter's, `drafter.`: its layers by `drafter_plan`, the rest whole)."""
     from neuron_workers.parallel.layers import shard_tensor
 
     out = {}
     for key in model.state_dict():
         if key in model.kv_names:
             continue  # KV state starts at zero on the device
-        if key.startswith("drafter."):  # the MTP drafter's (tp=1 only), as the module holds them
-            out[key] = full[key]
+        if key.startswith("drafter."):  # the MTP drafter's: layers sliced as `apply_tp_assistant` did, rest whole
+            sub = key.removeprefix("drafter.")
+            out[key] = shard_tensor(drafter_plan, sub, full[key], rank) if sub.startswith("model.layers.") \
+                else full[key]
             continue
         hf_key = key.removeprefix("lm.").replace("lm_head.embedding.", "model.embed_tokens.")
         hf_key = "model.embed_tokens.weight" if hf_key == "lm_head.weight" else hf_key  # tied

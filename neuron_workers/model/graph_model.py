@@ -8,15 +8,16 @@ explicit positional tensors: int32 ids / positions / indices, masks built with f
 K best raw logits and their int32 ids. `compile build --backend neuron` traces this very module, and
 `backends/xla.py` runs it on a torch-xla device; it imports no Neuron package.
 
-With an MTP drafter (`attach`, tp=1) the module also holds the assistant (`model.assistant.Assistant`, its weights
-registered once under `drafter.`, beside the target's under `lm.`) and runs the `draft` phase
-(`draft_graph.DraftGraph`): it reads the K/V of the target's two store layers from the registered state and
-writes none, but re-assigns every KV buffer to itself (`.clone()`, which torch-xla lowers to the parameter itself:
-no computation, no copy), so the trace links each as state, read and returned unchanged, exactly as the other
-graphs' (a buffer a graph only reads would be taken as a weight). The draft phase is called with `hidden=` (the
-forward's last parameter, a keyword: the phases before it keep their positional inputs); a PLE model's draft takes
-a one-element placeholder for `per_layer_inputs` (ModelBuilder wants every positional parameter; the graph reads
-none). The candidate graphs have `_h` variants (`hidden`: they also return the normed last hidden state).
+With an MTP drafter (`attach`; at tp=2 sharded first, `parallel.layers.apply_tp_assistant`) the module also holds
+the assistant (`model.assistant.Assistant`, its weights registered once under `drafter.`, beside the target's under
+`lm.`) and runs the `draft` phase (`draft_graph.DraftGraph`): it reads the K/V of the target's two store layers from
+the registered state and writes none, but re-assigns every KV buffer to itself (`.clone()`, which torch-xla lowers
+to the parameter itself: no computation, no copy), so the trace links each as state, read and returned unchanged,
+exactly as the other graphs' (a buffer a graph only reads would be taken as a weight). The draft phase is called
+with `hidden=` (the forward's last parameter, a keyword: the phases before it keep their positional inputs); a PLE
+model's draft takes a one-element placeholder for `per_layer_inputs` (ModelBuilder wants every positional parameter;
+the graph reads none). The candidate graphs have `_h` variants (`hidden`: they also return the normed last hidden
+state).
 
 The tied LM head reads the embedding *module* (`TiedHead`), never a Parameter shared by two modules:
 torch-xla documents that a Parameter tie made before the move to the device becomes two device copies
@@ -95,8 +96,6 @@ class NeuronGraphModel(nn.Module):
         from neuron_workers.model.assistant import store_layers
         from neuron_workers.model.draft_graph import DraftGraph
 
-        if self.kv_heads is not None:
-            raise ValueError("the MTP drafter runs at tp=1: its draft graph reads whole KV buffers")
         head = assistant.masked_embedding
         if head is not None:
             head.token_ordering = head.token_ordering.to(torch.int32)

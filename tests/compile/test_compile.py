@@ -98,6 +98,36 @@ def test_neuron_build_contract_tp2(tiny_dirs, tmp_path, name, heads):
 
 
 @pytest.mark.slow
+def test_neuron_build_with_an_mtp_drafter_at_tp2_splits_its_layers_and_traces_the_draft_graph(tiny_dirs, tmp_path):
+    """E4B-like at tp=2 with a tiny drafter: the draft graph is traced under the tp=2 state like the rest (its
+    state exactly the rank's KV buffers); per rank, the drafter's query / MLP weights are its halves (query heads
+    split as the K/V they read) and its embedding, head and projections whole, as the cpu backend's tp=2 drafter."""
+    from neuron_workers.model.assistant import load_assistant
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
+    d, out = tiny_dirs["gemma4-e4b-tiny"], tmp_path / "m"
+    drafter = write_tiny_assistant(d, tmp_path / "drafter", seed=1)
+    with neuron_double.installed() as calls:
+        build(EngineConfig(str(d), "neuron", 2, 64, (32,), "bfloat16", artifacts=str(out), max_batch=2,
+                           prefill_chunk=0, draft_model=str(drafter), num_speculative_tokens=3),
+              progress=lambda s: None)
+    assert ("parallel_state", 2, 2) in calls and [c[1] for c in calls if c[0] == "trace"][-1] == "draft"
+    assert Manifest.read(out).drafter["name"] == "drafter"
+    w = [load_file(str(out / "weights" / f"tp{r}.safetensors")) for r in range(2)]
+    whole = load_assistant(drafter, torch.bfloat16).state_dict()
+    assert set(w[0]) == set(w[1])
+    for key in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+        a, b = w[0][f"drafter.{key}"], w[1][f"drafter.{key}"]
+        assert a.shape[0] * 2 == whole[key].shape[0] and torch.equal(torch.cat([a, b]), whole[key])
+    down = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(torch.cat([w[0][f"drafter.{down}"], w[1][f"drafter.{down}"]], dim=1), whole[down])
+    for key in ("pre_projection.weight", "model.embed_tokens.weight"):
+        assert torch.equal(w[0][f"drafter.{key}"], whole[key]) and torch.equal(w[1][f"drafter.{key}"], whole[key])
+    order = w[1]["drafter.masked_embedding.token_ordering"]
+    assert order.dtype == torch.int32 and torch.equal(order.long(), whole["masked_embedding.token_ordering"])
+
+
+@pytest.mark.slow
 def test_neuron_pipeline_end_to_end_with_the_double(tiny_dirs, tmp_path, capsys):
     """build -> manifest -> NeuronBackend load/warm-up/forward (the double runs the traced module on CPU)
     gives the tokens of the CPU engine in the same dtype, for two prompts decoded together."""

@@ -122,3 +122,27 @@ def test_an_mtp_drafter_adds_its_weights_and_says_what_a_draft_step_reads(size, 
     assert f"+ MTP drafter {want / GIB:6.2f} GiB + KV cache" in text and "MTP drafter drafter (it adds no KV)" in text
     compile_main(base[:-1])
     assert "drafter" not in capsys.readouterr().out
+
+
+def test_at_tp2_the_drafter_layers_are_split_and_it_reads_each_rank_kv(tmp_path, capsys):
+    """E4B at tp=2 with a made-up drafter: per core, its layers' weights are halved (query heads split as the
+    rank's K/V, MLP split), its embedding, head and projections whole; a draft step reads the rank's K/V."""
+    from neuron_workers.model.assistant import Assistant, read_assistant_info
+    from neuron_workers.testing.tiny_assistant import write_assistant_config
+
+    target = CONFIGS / "gemma-4-E4B.text_config.json"
+    draft = write_assistant_config(target, tmp_path / "drafter", hidden=256, num_centroids=2048, top_k=32)
+    base = ["plan", "--model", str(target), "--batch", "8", "--instance", "inf2.xlarge", "--json",
+            "--draft-model", str(draft)]
+    got = {}
+    for tp in (1, 2):
+        compile_main(base + ["--tp", str(tp)])
+        got[tp] = json.loads(capsys.readouterr().out)
+    with torch.device("meta"):
+        module = Assistant(read_assistant_info(draft, with_weights=False))
+    layers = sum(t.numel() * 2 for k, t in module.state_dict().items() if k.startswith("model.layers."))
+    assert layers > 0 and got[1]["drafter"]["weights"] - got[2]["drafter"]["weights"] == layers // 2
+    kv1, kv2 = got[1]["kv_per_core"], got[2]["kv_per_core"]  # E4B's 2 KV heads split: half the KV a core
+    read_drop = got[1]["drafter"]["draft_read"] - got[2]["drafter"]["draft_read"]
+    assert kv2 * 2 == kv1 and read_drop > layers // 2  # the layers' half and the store layers' other-rank K/V
+    assert got[2]["fits"] and got[2]["total_per_core"] < got[1]["total_per_core"]
