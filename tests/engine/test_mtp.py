@@ -6,7 +6,9 @@ on all three structures; every round of drafts the engine makes equals the draft
 makes from transformers' own target (its last hidden state and stored K/V); greedy tokens equal transformers'
 with a random drafter (drafts mostly rejected) and with a drafter that copies a looping target (every draft
 accepted), batched with a row that decodes beside; the hidden state a row keeps after any number of accepted
-drafts is transformers'; the same at TP=2; the loader refuses what does not fit, naming draft_model.
+drafts is transformers'; the same at TP=2; transformers' `generate(assistant_model=...)` with the same drafter
+gives the same tokens (and where its rounds read other K/V, the test says which); the loader refuses what does
+not fit, naming draft_model.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ from neuron_workers.factory import build_engine
 from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info, store_layers
 from neuron_workers.model.draft_graph import DraftGraph, draft_masks
 from neuron_workers.model.loader import load_model
-from neuron_workers.testing.tiny_assistant import reference_assistant, write_copying_assistant, write_tiny_assistant
+from neuron_workers.testing.tiny_assistant import (
+    all_layers_share_kv,
+    reference_assistant,
+    write_copying_assistant,
+    write_tiny_assistant,
+)
 
 from conftest import NAMES, hf_greedy, hf_reference
 
@@ -92,15 +99,16 @@ def storing(target, dims):
     return target
 
 
-def reference_drafts(target, assistant, tokens: list[int], k: int) -> list[int]:
+def reference_drafts(target, assistant, tokens: list[int], k: int, rejected: int | None = None) -> list[int]:
     """transformers: the target over tokens[:-1] gives its last hidden state and stored K/V; the assistant drafts
-    k tokens from tokens[-1] at that position (as Gemma4AssistantCandidateGenerator, with exactly the K/V of the
-    positions before it)."""
+    k tokens from tokens[-1] at that position (as transformers' SinglePositionMultiTokenCandidateGenerator, with
+    exactly the K/V of the positions before it). `rejected`: the K/V also holds, at the draft's own position, the
+    K/V of that token (what transformers' generator reads after a verify that rejected it)."""
     q = len(tokens) - 1
     with torch.no_grad():
-        out = target(torch.tensor([tokens[:-1]]), return_shared_kv_states=True, output_hidden_states=True,
-                     use_cache=False)
-        hidden, kv = out.hidden_states[-1][:, -1:], dict(out.shared_kv_states)
+        out = target(torch.tensor([tokens[:-1] + ([] if rejected is None else [rejected])]),
+                     return_shared_kv_states=True, output_hidden_states=True, use_cache=False)
+        hidden, kv = out.hidden_states[-1][:, q - 1:q], dict(out.shared_kv_states)
         tok, drafts = torch.tensor([[tokens[-1]]]), []
         for _ in range(k):
             a = assistant(inputs_embeds=torch.cat([target.get_input_embeddings()(tok), hidden], -1),
@@ -146,6 +154,54 @@ def test_engine_drafts_and_greedy_tokens_equal_transformers(name, tiny_dirs, dra
         for tokens, hidden in held[::2]:
             h = target(torch.tensor([tokens[:-1]]), output_hidden_states=True, use_cache=False).hidden_states[-1]
             torch.testing.assert_close(hidden, h[0, -1], rtol=1e-3, atol=1e-3)  # another one's is O(1) away
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_transformers_assisted_generate_with_the_same_drafter(name, tiny_dirs, drafters):
+    """transformers' `generate(assistant_model=...)` with the same drafter (3 drafts a round): its greedy tokens
+    equal the engine's with that drafter, past the window. Its rounds (its candidate generator recorded), inside
+    the window: after the prefill or a round that kept every draft, the assistant's drafts over the K/V of the
+    positions before the draft (`reference_drafts`, what the engine's rounds equal above); after a rejection its
+    K/V slice also holds the K/V the verify wrote at the draft's own position for the rejected draft, and its
+    drafts are the assistant's over exactly that. The engine reads only the positions before the draft, as
+    transformers' first round does (mlx-swift-lm#308 fixed the same read of rejected rows). Past the window its
+    rounds are not compared: its sliding cache keeps the last entries only, and slicing them by length hands the
+    assistant positions past the draft's too."""
+    from transformers.generation import candidate_generator as cg
+
+    eng = engine(tiny_dirs[name], drafters[name], 3)
+    target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
+    assistant.generation_config.num_assistant_tokens = 3
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    generator, rounds = cg.SinglePositionMultiTokenCandidateGenerator, []
+    original = generator.get_candidates
+
+    def recorded(self, input_ids, *args, **kwargs):
+        out = original(self, input_ids, *args, **kwargs)
+        if out[0].shape[1] > input_ids.shape[1]:
+            rounds.append((input_ids[0].tolist(), out[0][0, input_ids.shape[1]:].tolist()))
+        return out
+
+    def assisted(prompt, n):
+        with all_layers_share_kv():
+            out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                  pad_token_id=0, assistant_model=assistant)
+        return out[0, len(prompt):].tolist()
+
+    generator.get_candidates = recorded
+    try:
+        assert assisted(A, 30) == run(eng, [(A, 30, None)])[0] == hf_greedy(target, A, 30)
+        rounds.clear()
+        short = [2, 40, 41]  # + 5 tokens: inside the tiny window of 8
+        assert assisted(short, 5) == hf_greedy(target, short, 5)
+    finally:
+        generator.get_candidates = original
+    kept_all = [True] + [len(t) - len(pt) - 1 == len(pd) for (pt, pd), (t, _) in zip(rounds, rounds[1:])]
+    assert len(rounds) >= 3 and not all(kept_all)  # random drafts: rounds after a rejection
+    for (tokens, drafted), clean, before in zip(rounds, kept_all, [None] + rounds[:-1]):
+        rejected = None if clean else before[1][len(tokens) - len(before[0]) - 1]
+        assert drafted == reference_drafts(target, assistant, tokens, len(drafted), rejected), (len(tokens), clean)
 
 
 @pytest.mark.slow
