@@ -20,10 +20,14 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`) the tests that start Ray clusters and servers (tests/serve)
     run on one worker, one at a time, as without it (they share the session's cluster and bind ports); the
-    rest spread over both workers."""
+    rest spread over both workers. They are collected first, so that their worker starts them at once: they
+    take the longest (mostly waiting on servers, about 9 minutes) while the other worker runs the CPU-bound
+    tests, which it then shares."""
+    serve = {id(item) for item in items if "serve" in item.path.relative_to(Path(__file__).parent).parts[:1]}
     for item in items:
-        if "serve" in item.path.relative_to(Path(__file__).parent).parts[:1]:
+        if id(item) in serve:
             item.add_marker(pytest.mark.xdist_group("serve"))
+    items.sort(key=lambda item: id(item) not in serve)  # stable: each part keeps its order
 
 NAMES = tuple(TINY)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model-configs"
