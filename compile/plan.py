@@ -8,8 +8,8 @@ Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
 - activations / scratch (an estimate): a fixed runtime reserve plus the larger of the largest prefill
   bucket's transients (one prompt: fp32 attention scores of one layer, MLP intermediates, hidden states)
   and the decode step's (`batch` rows, attention over the whole context) and the extend graphs' (a prefill
-  chunk; the speculative verify shape, every row x 8 positions), plus `batch` rows of fp32 logits
-  (both decode graphs compute them on the device: `decode` keeps only each row's top-K of them, the
+  chunk; the speculative verify shape, every row x 8 positions; the mixed graph, B + T tokens), plus `batch`
+  rows of fp32 logits (both decode graphs compute them on the device: `decode` keeps only each row's top-K of them, the
   `decode_logits` variant returns them);
 - device -> host per decode step: `decode` returns K candidates a row (bf16 values + int32 ids),
   `decode_logits` (only for steps where a row needs the whole distribution) `batch x vocab` bf16 logits.
@@ -156,10 +156,12 @@ def activations_per_core(dims: ModelDims, plan: ShardPlan, batch: int, bucket: i
 
     prefill = transients(1, bucket, bucket)  # one prompt at a time, into its slot
     decode = transients(batch, 1, ctx or bucket)
-    # the extend graphs: a prefill chunk (one row, `EXTEND_CHUNK` queries over the context plus the chunk) and
-    # the verify shape of speculative decoding (every row, `EXTEND_VERIFY` queries, per-position candidates)
+    # the extend graphs: a prefill chunk (one row, `EXTEND_CHUNK` queries over the context plus the chunk), the
+    # verify shape of speculative decoding (every row, `EXTEND_VERIFY` queries, per-position candidates) and the
+    # mixed graph (the chunk beside every row's decode token; counted as B + T queries over every key: a bound)
     keys = (ctx or bucket) + EXTEND_CHUNK
-    extend = max(transients(1, EXTEND_CHUNK, keys), transients(batch, EXTEND_VERIFY, keys))
+    extend = max(transients(1, EXTEND_CHUNK, keys), transients(batch, EXTEND_VERIFY, keys),
+                 transients(1, batch + EXTEND_CHUNK, keys))  # the mixed graph: B decode tokens + a chunk, one axis
     return RUNTIME_RESERVE + max(prefill, decode, extend) + batch * dims.vocab_size * 4
 
 

@@ -3,7 +3,8 @@
 A backend owns the KV buffers ([max_batch, ...] per KV layer) between calls. Call order: `prefill(bucket, inputs)`
 writes one prompt into the slot its inputs name, then `decode(inputs)` advances every slot by one token, repeatedly;
 prefills may come between decodes. `extend(spec, inputs)` runs R rows x T new tokens over what their slots hold
-(chunked prefill, and the verify step of speculative decoding). `inputs` are the spec's host inputs
+(chunked prefill, and the verify step of speculative decoding); `mixed_spec` graphs run through it too (a chunk
+and every slot's decode token in one step). `inputs` are the spec's host inputs
 (`GraphSpec.host_inputs`), in order. `decode_candidates(inputs)` is the same step through the top-K variant of the
 decode graph (`candidates` K; 0: the backend has none), which returns each row's K best logits and ids instead of the
 whole vocabulary. Subclasses implement `_run(spec, inputs)` only: it returns the outputs before the KV buffers (the
@@ -17,7 +18,16 @@ from typing import Protocol
 import torch
 
 from neuron_workers.model.dims import ModelDims
-from neuron_workers.model.spec import DECODE, EXTEND, PREFILL, Candidates, GraphSpec, decode_candidates, make_spec
+from neuron_workers.model.spec import (
+    DECODE,
+    EXTEND,
+    MIXED,
+    PREFILL,
+    Candidates,
+    GraphSpec,
+    decode_candidates,
+    make_spec,
+)
 
 
 class Backend(Protocol):
@@ -60,10 +70,11 @@ class GraphBackend:
         self.candidates = decode_candidates(dims)
         self.extend_buckets: tuple[int, ...] = ()
         self.hidden_states = False  # candidate graphs also return the hidden state (`attach_drafter`)
+        self.mixed_steps = True  # the mixed graphs (`mixed_spec`) can run (built on first use here)
 
     def spec(self, phase: str, bucket: int = 1, candidates: int = 0, rows: int = 0,
              per_position: bool = False, hidden: bool = False) -> GraphSpec:
-        key = (phase, bucket if phase in (PREFILL, EXTEND) else 1, candidates, rows, per_position, hidden)
+        key = (phase, bucket if phase in (PREFILL, EXTEND, MIXED) else 1, candidates, rows, per_position, hidden)
         if key not in self._specs:
             self._specs[key] = make_spec(self.dims, phase, self.max_batch, key[1], self.max_context, self.dtype,
                                          self.id_dtype, self.kv_heads, candidates, rows, per_position, hidden)
@@ -74,6 +85,11 @@ class GraphBackend:
         position with `per_position`), or the last position's full logits (`logits`)."""
         k = 0 if logits or not self.candidates else self.candidates
         return self.spec(EXTEND, t, k, rows, per_position and bool(k), self.hidden_states and bool(k))
+
+    def mixed_spec(self, t: int, logits: bool = False) -> GraphSpec:
+        """The mixed graph: the decode tokens of all slots and `t` chunk tokens of one row in one step; top-K
+        candidates of its B + 1 rows, or their full logits (`logits`)."""
+        return self.spec(MIXED, t, 0 if logits or not self.candidates else self.candidates)
 
     def extend(self, spec: GraphSpec, inputs):
         """Run an extend graph (`extend_spec`): its candidates (a `Candidates`) or logits [rows, vocab]."""

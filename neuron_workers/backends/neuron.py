@@ -14,8 +14,8 @@ Design (one path for tp=1 and tp=2):
 - TP: the same `parallel.shard_plan` / `parallel.layers.apply_tp` as the CPU path, with NxD's
   collectives at the same points (`parallel.collectives.NxdCollectives`);
 - flags: --model-type=transformer --auto-cast=none --enable-saturate-infinity --target inf2, -O1 for
-  prefill and the chunk-sized extend graphs, -O2 for decode, the per-position (verify) extend graphs and the
-  draft graph (NxDI's choice: decode is latency bound). Compiling needs a Neuron host.
+  prefill, the chunk-sized extend graphs and the mixed graphs, -O2 for decode, the per-position (verify) extend
+  graphs and the draft graph (NxDI's choice: decode is latency bound). Compiling needs a Neuron host.
 - the draft graph is called with its hidden state as the keyword `hidden` (`graph_model.draft_call`: NxDModel
   routes by the names and shapes given); artifacts built with a drafter serve with or without `draft_model` (their
   `_h` graphs return a hidden state nobody needs then).
@@ -29,7 +29,7 @@ from typing import NamedTuple
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE, draft_call
-from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, PREFILL, GraphSpec
+from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, MIXED, PREFILL, GraphSpec
 
 INSTALL_HINT = ("the neuron backend needs the Neuron SDK 2.31 on an inf2 host: pip install --extra-index-url "
                 "https://pip.repos.neuron.amazonaws.com -e '.[neuron]' (torch-neuronx 2.9.0.2.15.32035, "
@@ -38,20 +38,28 @@ BASE_FLAGS = "--model-type=transformer --auto-cast=none --enable-saturate-infini
 PHASE_FLAGS = {PREFILL: f"{BASE_FLAGS} -O1", DECODE: f"{BASE_FLAGS} -O2", DRAFT: f"{BASE_FLAGS} -O2"}
 MODEL_FILE, WEIGHTS_DIR = "nxd_model.pt", "weights"
 LAST, LOGITS, ALL = "last", "logits", "all"  # extend variants: last position's top-K, its logits, every position's
+MIXED_LAST, MIXED_LOGITS = "mixed", "mixed_logits"  # the mixed graph (every slot's decode + a chunk): top-K, logits
+VARIANTS = (LAST, LOGITS, ALL, MIXED_LAST, MIXED_LOGITS)
 
 
 class ExtendShape(NamedTuple):
     """One extend graph a build makes: `rows` x `t` new tokens, `variant` LAST (`extend_{R}x{T}`: top-K
     candidates of each row's last real position), LOGITS (`_logits`) or ALL (`_all`: every position's
-    candidates, the verify step of speculative decoding). The manifest keeps them as [rows, t, variant]."""
+    candidates, the verify step of speculative decoding), or the mixed graph `mixed_{B}x{T}` (rows = B, variant
+    MIXED_LAST or MIXED_LOGITS: every slot's decode token and a chunk of T). The manifest keeps them as
+    [rows, t, variant]."""
 
     rows: int
     t: int
     variant: str = LAST
 
     def spec(self, backend: GraphBackend) -> GraphSpec:
-        if self.variant not in (LAST, LOGITS, ALL):
-            raise ValueError(f"unknown extend variant {self.variant!r}: {LAST}, {LOGITS} or {ALL}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown extend variant {self.variant!r}: one of {', '.join(VARIANTS)}")
+        if self.variant in (MIXED_LAST, MIXED_LOGITS):
+            if self.rows != backend.max_batch:
+                raise ValueError(f"a mixed graph has a row per slot: {self.rows} rows, batch {backend.max_batch}")
+            return backend.mixed_spec(self.t, logits=self.variant == MIXED_LOGITS)
         return backend.extend_spec(self.t, self.rows, logits=self.variant == LOGITS, per_position=self.variant == ALL)
 
 
@@ -59,6 +67,13 @@ def chunk_shapes(chunk: int) -> list[ExtendShape]:
     """The extend graphs chunked prefill needs for chunk size `chunk` (0: none): one row, the last position's
     candidates, and its logits for the rows that need the whole distribution."""
     return [ExtendShape(1, chunk, LAST), ExtendShape(1, chunk, LOGITS)] if chunk else []
+
+
+def mixed_shapes(batch: int, chunk: int) -> list[ExtendShape]:
+    """The mixed graphs of chunk size `chunk` (0: none): a chunk and every slot's decode token in one step
+    (`engine/prefill.py`, `_mixed`), top-K and logits; without them a chunk step runs the decode graph and the
+    extend graph one after the other."""
+    return [ExtendShape(batch, chunk, MIXED_LAST), ExtendShape(batch, chunk, MIXED_LOGITS)] if chunk else []
 
 
 def verify_shapes(batch: int, k: int) -> list[ExtendShape]:
@@ -72,6 +87,8 @@ def graph_flags(spec: GraphSpec) -> str:
     per-position (verify) extends (a few tokens a row: latency bound, as decode)."""
     if spec.phase == EXTEND:
         return PHASE_FLAGS[DECODE if spec.per_position else PREFILL]
+    if spec.phase == MIXED:  # B + T tokens through every weight: the chunk's compute dominates, as a prefill's
+        return PHASE_FLAGS[PREFILL]
     return PHASE_FLAGS[spec.phase]
 
 
@@ -113,6 +130,9 @@ class NeuronBackend(NeuronSpecs):
         self.graphs = set(manifest.graphs)  # the tags built (Manifest.check: every bucket and both decodes)
         self.hidden_states = bool(manifest.drafter)  # built with a drafter: the `_h` candidate graphs, `draft`
         self.extend_buckets = check_extend(self, self.graphs, self.extend_shapes, manifest.extend_buckets)
+        # artifacts built before the mixed graphs existed: a chunk step runs decode, then extend
+        self.mixed_steps = all(s in self.extend_shapes for t in self.extend_buckets
+                               for s in mixed_shapes(manifest.max_batch, t))
         art_dir = Path(art_dir)
         from safetensors.torch import load_file
 
@@ -130,7 +150,7 @@ class NeuronBackend(NeuronSpecs):
         if spec.tag not in self.graphs:
             raise RuntimeError(f"these artifacts have no graph {spec.tag} (built: {', '.join(sorted(self.graphs))})"
                                + (f": rebuild with `compile build --prefill-chunk {spec.seq_len}`"
-                                  if spec.phase == EXTEND else ""))
+                                  if spec.phase in (EXTEND, MIXED) else ""))
         if spec.phase == DRAFT:
             args, kwargs = draft_call(inputs, bool(self.dims.ple_dim))
             out = self.model.forward(*args, model_name=spec.tag, **kwargs)

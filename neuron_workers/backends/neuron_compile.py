@@ -31,15 +31,15 @@ DECODE_H = f"{DECODE}_h"  # the top-K decode graph that also returns the hidden 
 CACHE_DIR, WORK_DIR = "neff_cache", "compiler_workdir"
 LOG_FILE = "log-neuron-cc.txt"  # NxD's ModelBuilderConstants.LOG_FILE_DEFAULT_NAME, in workdir/<tag>/<timestamp>/
 LOG_TAIL_LINES = 25
-EXTEND_TAG = re.compile(r"extend_(\d+)x(\d+)(_logits|_all)?(?:_h)?")  # spec.GraphSpec.tag of an extend graph
+EXTEND_TAG = re.compile(r"(?:extend|mixed)_(\d+)x(\d+)(_logits|_all)?(?:_h)?")  # GraphSpec.tag: extend, mixed
 PREFILL_TAG = re.compile(r"prefill_(\d+)")
 
 
 def risk_order(tags) -> list[str]:
     """The order to compile in: `decode` (the top-K graph at the configured batch and the real vocabulary:
     the one most likely to be refused; `decode_h` in a build with a drafter), `decode_logits`, `draft`, the extend
-    graphs (largest rows x T first, each shape's top-K variants before its `_logits`; by tag at a tie), then the
-    prefill buckets, largest first."""
+    and mixed graphs (largest rows x T first, each shape's top-K variants before its `_logits`; by tag at a tie),
+    then the prefill buckets, largest first."""
     def rank(tag: str) -> tuple:
         if tag in (DECODE, DECODE_H, DECODE_LOGITS, DRAFT):
             return ({DECODE: 0, DECODE_H: 0, DECODE_LOGITS: 1, DRAFT: 1.5}[tag], 0, False, tag)

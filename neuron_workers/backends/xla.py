@@ -25,7 +25,7 @@ from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
 from neuron_workers.model.dims import ModelDims
 from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model
-from neuron_workers.model.spec import DRAFT, GraphSpec
+from neuron_workers.model.spec import DRAFT, MIXED, GraphSpec
 
 INSTALL_HINT = ("the xla backend needs torch-xla (CPU device): pip install torch==2.9.0 torch-xla==2.9.0 "
                 "(see README, 'The xla backend')")
@@ -79,6 +79,7 @@ class XlaBackend(GraphBackend):
             return self.module(*args, **kwargs)
         self.module.candidates = spec.candidates  # which decode variant (decode and decode_logits share inputs)
         self.module.per_position = spec.per_position  # which extend variant
+        self.module.mixed = spec.phase == MIXED  # the mixed graph takes an extend graph's inputs
         self.module.hidden = spec.hidden  # the `_h` variants return the hidden state too
         out = self.module(*inputs)
         return out if isinstance(out, tuple) else (out,)

@@ -55,6 +55,9 @@ class Engine(Texts, Prefills, Speculation):
         self.scheduler = Scheduler(self.max_batch, budget, prefill_chunk, self.prefix, self.extend_t)
         check_speculative_tokens(speculative_tokens, self.batch.ring, self.batch.window, self.max_context)
         self.spec_k = speculative_tokens  # prompt-lookup drafts per row and step (engine/speculate.py)
+        # a chunk and the decode rows in one graph (`Prefills._mixed`); not with speculation (its verify step is
+        # the extend graph already), nor on artifacts built without the mixed graphs
+        self.mixed_steps = bool(self.extend_t and not speculative_tokens and getattr(backend, "mixed_steps", False))
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
 
@@ -125,15 +128,20 @@ class Engine(Texts, Prefills, Speculation):
         return self.scheduler.has_work
 
     def step(self) -> list[EngineEvent]:
-        """Admit and prefill waiting sequences, then decode one token for every running one."""
+        """Admit and prefill waiting sequences, then decode one token for every running one (with a chunk of a
+        prompt in the same graph when there is one: `Prefills._mixed`)."""
         events: list[EngineEvent] = []
         decoding = sum(1 for s in self.scheduler.running.values() if s.output_ids)
-        for seq, n in self.scheduler.prefill_work(decoding):
+        work = self.scheduler.prefill_work(decoding)
+        mixed = self._mixable(work, decoding)
+        for seq, n in (w for i, w in enumerate(work) if i != mixed):
             ev = self._guard(seq, lambda s, n=n: self._prefill_work(s, n))
             events += [ev] if ev is not None else []
         running = [s for s in self.scheduler.running.values() if s.output_ids]
         self.last_decode_rows = len(running)
-        if running:
+        if mixed is not None:
+            events += self._mixed(*work[mixed], running)
+        elif running:
             events += self._speculate(running) if self.spec_k else self._decode(running)
         return events
 

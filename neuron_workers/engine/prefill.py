@@ -1,16 +1,22 @@
 """The engine's prefill side (`Engine` inherits it): a whole prompt through a prefill bucket, or the next
 tokens of a prompt through the extend graph (a chunk of chunked prefill, or the rest of a prompt whose prefix
-its slot already held), and what a slot keeps when its sequence ends (prefix reuse). Needs the engine's
-`backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`, `extend_t` and its sampling helpers."""
+its slot already held), and what a slot keeps when its sequence ends (prefix reuse). While other rows decode,
+such a piece runs in the mixed graph with their decode tokens (`_mixed`: one graph, so a chunk step costs
+about one decode step). Needs the engine's `backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`,
+`extend_t`, `mixed_steps` and its sampling helpers."""
 
 from __future__ import annotations
 
-from neuron_workers.engine.events import TokenEvent
+import logging
+
+from neuron_workers.engine.events import EngineEvent, TokenEvent
 from neuron_workers.engine.sampling import Row, needs_logits
 from neuron_workers.engine.sequence import Sequence
-from neuron_workers.model.extend_inputs import extend_inputs
+from neuron_workers.model.extend_inputs import extend_inputs, mixed_inputs
 from neuron_workers.model.host_inputs import choose_bucket, prefill_inputs
 from neuron_workers.model.spec import PREFILL
+
+log = logging.getLogger(__name__)
 
 
 class Prefills:
@@ -50,6 +56,44 @@ class Prefills:
             return None
         self.batch.start(seq.slot, len(seq.prompt_ids))
         return self._emit(seq, self._pick(scores, rows)[0])
+
+    def _mixable(self, work: list[tuple[Sequence, int]], decoding: int) -> int | None:
+        """Which piece of this step's prefill work runs in the mixed graph with the decode rows (its index in
+        `work`): the first one through the extend graph, when rows decode and the backend has the graph."""
+        if not (self.mixed_steps and decoding):
+            return None
+        return next((i for i, (seq, n) in enumerate(work)
+                     if seq.prefilled or n < len(seq.prompt_ids)), None)
+
+    def _mixed(self, seq: Sequence, n: int, running: list[Sequence]) -> list[EngineEvent]:
+        """The next `n` prompt tokens of `seq` and one decode token of every row of `running`, in one mixed
+        graph (`spec.mixed_spec`); the events of the decode rows, and `seq`'s first token if its prompt is done."""
+        start, b = seq.prefilled, self.max_batch
+        last = start + n == len(seq.prompt_ids)
+        rows = self._rows([(s.slot, s) for s in running] + ([(b, seq)] if last else []))
+        k = self.backend.candidates
+        spec = self.backend.mixed_spec(self.extend_t, logits=not k or any(needs_logits(r, k) for r in rows
+                                                                          if isinstance(r, Row)))
+        try:
+            self.batch.park(seq.slot, start)  # its decode row writes where the chunk writes first
+            decode = self.batch.inputs([(s.slot, s.output_ids[-1], s.next_position) for s in running])
+            chunk_spec = self.backend.extend_spec(self.extend_t, 1)
+            chunk = extend_inputs(chunk_spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
+                                  self.dims.sliding_window)
+            inputs = mixed_inputs(spec, dict(zip(self.batch.names, decode)),
+                                  {x.name: v for x, v in zip(chunk_spec.host_inputs, chunk)})
+            scores = self.backend.extend(spec, inputs)
+            picks = self._pick(scores, rows)
+        except Exception as e:  # the backend failed: these sequences end, the engine goes on
+            log.exception("mixed step failed")
+            return [self._fail(s, e) for s in [*running, seq]]
+        self.scheduler.prefilled(seq, n)
+        if last:
+            self.batch.start(seq.slot, len(seq.prompt_ids))
+        else:
+            self.batch.park(seq.slot, seq.prefilled)
+        todo = list(zip(running, picks)) + ([(seq, picks[-1])] if last else [])
+        return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in todo]
 
     def _vacate(self, slot: int, seq: Sequence | None) -> None:
         """`slot` is free: with prefix reuse it keeps what `seq` left in it (None: nothing worth keeping, e.g.

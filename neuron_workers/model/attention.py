@@ -4,7 +4,8 @@ Same math as HF's `eager_attention_forward` (scores = q k^T * scaling + additive
 times v) but grouped-query attention is done by viewing the query heads of each KV head as extra rows,
 instead of `repeat_kv` copying every K/V buffer `groups` times per layer per step. The group count
 comes from the tensors each rank actually holds (query heads / KV heads), so a TP shard needs no
-patched attribute to keep its query -> KV mapping (query head h reads KV head h // groups).
+patched attribute to keep its query -> KV mapping (query head h reads KV head h // groups). The mixed graph's
+keys come split in two (`mixed_kv.SplitKV`): the same kernel runs on each part.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
+from neuron_workers.model.mixed_kv import SplitKV, split_attention
+
 NAME = "gemma4_static"
 
 
 def static_gqa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    if isinstance(key, SplitKV):
+        return split_attention(static_gqa_attention, module, query, key, value, attention_mask, scaling=scaling)
     b, hq, s, d = query.shape
     hkv, n = key.shape[1], key.shape[2]
     groups = hq // hkv

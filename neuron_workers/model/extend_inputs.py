@@ -60,3 +60,23 @@ def extend_inputs(spec: GraphSpec, rows: list[tuple[int, list[int], int]], ple_t
     if ple_table is not None:
         values["per_layer_inputs"] = ple_table.lookup(input_ids)
     return tuple(values[x.name] for x in spec.host_inputs)
+
+
+def mixed_inputs(spec: GraphSpec, decode: dict[str, torch.Tensor], chunk: dict[str, torch.Tensor]
+                 ) -> tuple[torch.Tensor, ...]:
+    """Inputs of the mixed graph (`spec.mixed_spec`) from the decode step's inputs of all B slots (`decode`: name ->
+    tensor, `DecodeBatch.inputs`) and one chunk row's extend inputs (`chunk`: name -> tensor, `extend_inputs` of a
+    1 x T spec): the B decode tokens then the T chunk tokens on one axis; a decode row's sliding mask is its ring
+    mask followed by T masked columns."""
+    b, t = spec.batch, spec.seq_len
+    sliding = decode["mask_sliding"]  # [B, 1, 1, ring]
+    pad = torch.full((b, 1, 1, t), torch.finfo(sliding.dtype).min, dtype=sliding.dtype)
+    lead = {"input_ids": decode["input_ids"].reshape(1, b), "position_ids": decode["position_ids"].reshape(1, b),
+            "mask_full": decode["mask_full"].transpose(0, 2),
+            "mask_sliding": torch.cat([sliding, pad], dim=3).transpose(0, 2)}
+    if "per_layer_inputs" in decode:
+        lead["per_layer_inputs"] = decode["per_layer_inputs"].transpose(0, 1)  # [B, 1, L, P] -> [1, B, L, P]
+    axis = {"input_ids": 1, "position_ids": 1, "per_layer_inputs": 1, "mask_full": 2, "mask_sliding": 2}
+    values = {name: torch.cat([lead[name], chunk[name]], dim=d) for name, d in axis.items() if name in lead}
+    values["last_idx"], values["slots"] = chunk["last_idx"], chunk["slots"]
+    return tuple(values[x.name] for x in spec.host_inputs)

@@ -31,7 +31,7 @@ from torch import nn
 
 from neuron_workers.model.dims import FULL, SLIDING
 from neuron_workers.model.graphs import GemmaGraph
-from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, PREFILL, decode_candidates, make_spec
+from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, MIXED, PREFILL, decode_candidates, make_spec
 from neuron_workers.model.tiled_topk import torch_topk_op
 
 ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
@@ -81,6 +81,7 @@ class NeuronGraphModel(nn.Module):
         self.candidates = 0
         self.per_position = False
         self.hidden = False
+        self.mixed = False  # extend inputs that are the mixed graph's (B decode tokens, then one chunk)
         self.kv_names = []
         for t in make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads).kv_inputs:
             name = t.name.replace(".", "_")
@@ -129,6 +130,8 @@ class NeuronGraphModel(nn.Module):
     def _variant(self, phase: str) -> tuple:
         """The graph key (phase, candidates, per_position, hidden) the module's switches name for `phase`."""
         k = 0 if phase == PREFILL else self.candidates
+        if phase == EXTEND and self.mixed:
+            return MIXED, k, False, False
         return phase, k, bool(phase == EXTEND and self.per_position and k), bool(self.hidden and k)
 
     def _draft(self, host: list[torch.Tensor]):
@@ -145,7 +148,8 @@ class NeuronGraphModel(nn.Module):
 def variant_specs(dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None) -> dict:
     """(phase, candidates, per_position, hidden) -> the spec of one graph variant the module runs. Extend: one
     wrapper per head (logits, last candidates, every position's; the candidate ones with and without the hidden
-    state); T and R come from the inputs. Decode: logits, top-K, top-K with the hidden state."""
+    state); T and R come from the inputs. Decode: logits, top-K, top-K with the hidden state. Mixed: logits, top-K
+    (its inputs are an extend graph's: `mixed` says which)."""
     k = decode_candidates(dims)
 
     def spec(phase, seq_len, kk=0, every=False, hidden=False):
@@ -154,6 +158,8 @@ def variant_specs(dims, max_context: int, max_batch: int, dtype: torch.dtype, kv
 
     specs = {(PREFILL, 0, False, False): spec(PREFILL, 2), (DECODE, 0, False, False): spec(DECODE, 1),
              (EXTEND, 0, False, False): spec(EXTEND, 1)}
+    for kk in (0, k):
+        specs[(MIXED, kk, False, False)] = spec(MIXED, 1, kk)
     for hidden in (False, True):
         specs[(DECODE, k, False, hidden)] = spec(DECODE, 1, k, hidden=hidden)
         for every in (False, True):

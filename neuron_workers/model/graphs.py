@@ -8,6 +8,7 @@ head. Their only state is explicit tensors, declared (inputs and outputs) in `sp
   prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, slot, *kv
   decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv   (decode, decode_logits)
   extend:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, slots, *kv
+  mixed:   the extend inputs over one token axis of B decode tokens + T chunk tokens (`mixed_kv.MixedKV`)
   outputs: prefill and decode_logits: logits [rows, vocab] at the last real position, without the soft-cap;
            decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; then *kv updated
 
@@ -29,7 +30,8 @@ from torch import nn
 
 from neuron_workers.model.dims import FULL, SLIDING, ModelDims
 from neuron_workers.model.extend_kv import ExtendKV
-from neuron_workers.model.spec import EXTEND, PREFILL, GraphSpec
+from neuron_workers.model.mixed_kv import MixedKV
+from neuron_workers.model.spec import EXTEND, MIXED, PREFILL, GraphSpec
 from neuron_workers.model.tiled_topk import sharded_topk, tiled_topk, torch_topk_op
 
 
@@ -85,7 +87,10 @@ class DecodeKV:
 
 
 def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
-    """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes)."""
+    """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes); with x of batch 1 and
+    idx of n entries, the n entries of x along `dim` (the mixed graph's B + 1 tokens)."""
+    if x.shape[0] == 1 and idx.shape[0] > 1:
+        return x.index_select(dim, idx)
     shape = list(x.shape)
     shape[dim] = 1
     view = [x.shape[0]] + [1] * (x.dim() - 1)
@@ -112,6 +117,8 @@ class GemmaGraph(nn.Module):
             cache = PrefillKV(self.dims, kv, x["ring_idx"], x["slot"])
         elif self.spec.phase == EXTEND:
             cache = ExtendKV(self.dims, kv, x["position_ids"], x["last_idx"], x["slots"])
+        elif self.spec.phase == MIXED:
+            cache = MixedKV(self.dims, kv, x["position_ids"], x["last_idx"], x["slots"], self.spec.batch)
         else:
             cache = DecodeKV(self.dims, kv, x["position_ids"])
         hidden = self._decoder(x, cache)
@@ -148,6 +155,9 @@ class GemmaGraph(nn.Module):
         rope = {t: m.rotary_emb(h, position_ids, t) for t in self.layer_types}
         masks = {FULL: x["mask_full"], SLIDING: x["mask_sliding"]}
         last = None if self.spec.per_position else x.get("last_idx")
+        if self.spec.phase == MIXED:  # the B decode tokens and the chunk's last real one: [B + 1]
+            b = self.spec.batch
+            last = torch.cat([torch.arange(b, dtype=last.dtype, device=last.device), b + last])
         shared: dict = {}
         for i, layer in enumerate(m.layers):
             if last is not None and i == dims.first_shared_layer:
@@ -160,7 +170,7 @@ class GemmaGraph(nn.Module):
                       past_key_values=cache, **extra)
         if last is not None:
             h = _take(h, last, 1)
-        return h
+        return h.reshape(-1, 1, h.shape[-1]) if self.spec.phase == MIXED else h  # [B + 1, 1, H]
 
 
 def _select_last(last, h, ple, rope, masks, position_ids):

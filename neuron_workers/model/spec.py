@@ -15,6 +15,11 @@ Extend (`extend_{R}x{T}`, `_logits`, `_all`): R rows of T new tokens each, atten
 hold plus causally within the chunk, writing T positions per row (chunked prefill; speculative verify with
 per-position candidates, `per_position`).
 
+Mixed (`mixed_{B}x{T}`, `_logits`; `model.mixed_kv`): one decode token for each of the B slots and T new tokens
+of one row (a chunk of chunked prefill) in one graph, one token axis of B + T: the linear layers and the MLP read
+each weight once for both, attention is split (the decode tokens as in `decode`, the chunk as in `extend`), and
+the head runs on the B decode rows and the chunk's last real position (B + 1 rows).
+
 Draft (`draft`, with an MTP drafter: `draft_graph.DraftGraph`): one draft token for every row from its token and a
 hidden state, over the KV of the target's store layers, read-only; its inputs are host inputs only and its
 outputs the draft ids and the drafter's next hidden state (no KV: the graph replaces none).
@@ -33,10 +38,10 @@ import torch
 
 from neuron_workers.model.dims import DECODE_CANDIDATES, FULL, SLIDING, ModelDims, decode_candidates
 
-__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "DRAFT", "EXTEND", "PREFILL", "Candidates", "GraphSpec",
-           "TensorSpec", "decode_candidates", "draft_spec", "kv_specs", "make_spec"]
+__all__ = ["DECODE", "DECODE_CANDIDATES", "DECODE_LOGITS", "DRAFT", "EXTEND", "MIXED", "PREFILL", "Candidates",
+           "GraphSpec", "TensorSpec", "decode_candidates", "draft_spec", "kv_specs", "make_spec", "mixed_spec"]
 
-PREFILL, DECODE, EXTEND, DRAFT = "prefill", "decode", "extend", "draft"
+PREFILL, DECODE, EXTEND, DRAFT, MIXED = "prefill", "decode", "extend", "draft", "mixed"
 DECODE_LOGITS = "decode_logits"  # the tag of the decode variant that returns the full logits
 KV_PREFIXES = ("k.", "v.")
 
@@ -81,6 +86,8 @@ class GraphSpec:
         if self.phase == EXTEND:
             head = ("_all" if self.per_position else "") if self.candidates else "_logits"
             return f"extend_{self.rows}x{self.seq_len}{head}{'_h' if self.hidden else ''}"
+        if self.phase == MIXED:
+            return f"mixed_{self.batch}x{self.seq_len}{'' if self.candidates else '_logits'}"
         return (f"{DECODE}{'_h' if self.hidden else ''}") if self.candidates else DECODE_LOGITS
 
     @property
@@ -121,7 +128,7 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
               per_position: bool = False, hidden: bool = False) -> GraphSpec:
     """Inputs of a prefill graph (seq_len = bucket, one prompt into one of `batch` slots) or of the
     decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant)."""
-    if phase not in (PREFILL, DECODE, EXTEND, DRAFT):
+    if phase not in (PREFILL, DECODE, EXTEND, DRAFT, MIXED):
         raise ValueError(f"unknown phase {phase!r}")
     if phase == DRAFT:
         if candidates or rows or per_position or hidden:
@@ -132,6 +139,10 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
     if hidden and not candidates:
         raise ValueError("the hidden state comes with candidates (decode and extend)")
     ring = dims.ring_size(max_context)
+    if phase == MIXED:
+        if rows or per_position or hidden:
+            raise ValueError("the mixed graph has no rows, per-position or hidden variants")
+        return mixed_spec(dims, batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates)
     if phase == EXTEND:
         return extend_spec(dims, batch, rows or batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates,
                            per_position, hidden)
@@ -186,6 +197,32 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
     return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position,
                      hidden)
+
+
+def mixed_spec(dims: ModelDims, batch: int, t: int, max_context: int, dtype: torch.dtype, id_dtype: torch.dtype,
+               kv_heads, candidates: int) -> GraphSpec:
+    """The mixed graph (`mixed_kv.MixedKV`): tokens [0, B) are the B slots' decode tokens (slot i's at index i),
+    tokens [B, B + T) one row's chunk (`slots` [1], `last_idx` [1] its last real index). Mask rows follow the
+    tokens: a decode token's mask_full row is its slot's decode mask, its mask_sliding row the slot's ring mask
+    (ring columns, then T masked ones); a chunk token's rows are the extend graph's. Outputs: B + 1 rows (the B
+    slots, then the chunk's last position)."""
+    ring = dims.ring_size(max_context)
+    if not 1 <= t <= min(ring, max_context):
+        raise ValueError(f"mixed {batch}x{t}: T must be in [1, {min(ring, max_context)}] (the ring)")
+    n = batch + t
+    ins = [TensorSpec("input_ids", (1, n), id_dtype), TensorSpec("position_ids", (1, n), id_dtype)]
+    if dims.ple_dim:
+        ins.append(TensorSpec("per_layer_inputs", (1, n, dims.num_layers, dims.ple_dim), dtype))
+    ins += [TensorSpec("mask_full", (1, 1, n, max_context), dtype),
+            TensorSpec("mask_sliding", (1, 1, n, ring + t), dtype),
+            TensorSpec("last_idx", (1,), id_dtype), TensorSpec("slots", (1,), id_dtype)]
+    kv = kv_specs(dims, batch, max_context, dtype, kv_heads)
+    if candidates:
+        head = (TensorSpec("candidate_values", (batch + 1, candidates), dtype),
+                TensorSpec("candidate_ids", (batch + 1, candidates), id_dtype))
+    else:
+        head = (TensorSpec("logits", (batch + 1, dims.vocab_size), dtype),)
+    return GraphSpec(MIXED, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates)
 
 
 def draft_spec(dims: ModelDims, batch: int, max_context: int, dtype: torch.dtype,

@@ -28,11 +28,12 @@ def test_risk_order_puts_the_top_k_decode_first():
 
 
 def test_risk_order_puts_the_extend_graphs_between_the_decodes_and_the_buckets():
-    """Largest rows x T first, a shape's top-K variants before its `_logits` (tags as `spec.GraphSpec.tag`)."""
+    """Largest rows x T first (a mixed graph's rows: every slot), a shape's top-K variants before its `_logits`
+    (tags as `spec.GraphSpec.tag`)."""
     tags = ["prefill_16", "extend_1x256_logits", "prefill_4096", "extend_32x8_all", "decode", "extend_1x256",
-            "decode_logits"]
-    assert risk_order(tags) == ["decode", "decode_logits", "extend_1x256", "extend_32x8_all", "extend_1x256_logits",
-                                "prefill_4096", "prefill_16"]
+            "decode_logits", "mixed_32x256_logits", "mixed_32x256"]
+    assert risk_order(tags) == ["decode", "decode_logits", "mixed_32x256", "mixed_32x256_logits", "extend_1x256",
+                                "extend_32x8_all", "extend_1x256_logits", "prefill_4096", "prefill_16"]
     with_drafter = ["prefill_16", "extend_1x256_logits", "draft", "extend_32x8_all_h", "decode_h", "extend_1x256_h",
                     "decode_logits"]  # a build with an MTP drafter: the `_h` variants rank as the plain ones
     assert risk_order(with_drafter) == ["decode_h", "decode_logits", "draft", "extend_1x256_h", "extend_32x8_all_h",
@@ -55,14 +56,14 @@ def test_a_failing_graph_stops_the_build_early_and_the_retry_resumes(tiny_dirs, 
         monkeypatch.setattr(units, "FAIL_COMPILE", {"extend_1x16"})
         assert compile_main(cmd) == 2
         err = capsys.readouterr().err
-        assert [t for t, _ in units.COMPILED][0] == "decode" and len(units.COMPILED) == 6  # every graph tried
-        assert "graph extend_1x16 did not compile" in err and "5 compiled graphs are kept" in err
+        assert [t for t, _ in units.COMPILED][0] == "decode" and len(units.COMPILED) == 8  # every graph tried
+        assert "graph extend_1x16 did not compile" in err and "7 compiled graphs are kept" in err
         units.COMPILED.clear()
         monkeypatch.setattr(units, "FAIL_COMPILE", set())
         assert compile_main(cmd) == 0
         said = capsys.readouterr().out
-        assert [t for t, _ in units.COMPILED] == ["extend_1x16"]  # the five kept graphs were reused
-        assert said.count("compiled by an earlier run, reused") == 5
+        assert [t for t, _ in units.COMPILED] == ["extend_1x16"]  # the seven kept graphs were reused
+        assert said.count("compiled by an earlier run, reused") == 7
     m = Manifest.read(out)
     assert m.max_batch == 2 and m.extend_buckets == [16]
 

@@ -214,11 +214,12 @@ def test_smoke_without_the_sdk_says_what_to_install(capsys):
 
 @pytest.mark.slow
 def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_dirs, tmp_path, capsys):
-    """--prefill-chunk 16 (the tiny ring): the build traces `extend_1x16` and `extend_1x16_logits` after the decode
-    graphs from the same module (their KV read and rewritten), compiles them after the decodes, and the manifest
-    lists them; loading sets the backend's extend_buckets, the engine prefills in chunks through them and gets the
-    CPU engine's tokens; an extend graph that was not built is refused by name; a manifest written before extend
-    graphs existed still loads, with none."""
+    """--prefill-chunk 16 (the tiny ring): the build traces `extend_1x16` and `extend_1x16_logits`, then the mixed
+    graphs `mixed_2x16` and `mixed_2x16_logits` (2 decode tokens + the chunk on one axis), after the decode graphs
+    from the same module (their KV read and rewritten), compiles them after the decodes, and the manifest lists
+    them; loading sets the backend's extend_buckets and mixed steps, the engine prefills in chunks through them and
+    gets the CPU engine's tokens; an extend graph that was not built is refused by name; a manifest written before
+    the mixed graphs loads without mixed steps, one written before extend graphs with none."""
     from neuron_workers.artifacts.load import load_from_artifacts
 
     d, out = tiny_dirs["gemma4-e2b-tiny"], tmp_path / "x"
@@ -227,18 +228,26 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
                              "--batch", "2", "--prefill-chunk", "16", "--out", str(out)]) == 0
         traces = {c[1]: c for c in calls if c[0] == "trace"}
         assert list(traces) == ["prefill_16", "prefill_32", "decode_logits", "decode", "extend_1x16",
-                                "extend_1x16_logits"]
+                                "extend_1x16_logits", "mixed_2x16", "mixed_2x16_logits"]
         for tag in ("extend_1x16", "extend_1x16_logits"):
             _, _, inputs, written = traces[tag]
             assert [s for s, _ in inputs] == [(1, 16), (1, 16), (1, 16, 10, 8), (1, 1, 16, 64), (1, 1, 16, 32), (1,),
                                               (1,)]  # ids, positions, PLE, masks (ring 16 + the chunk), last_idx, slots
             assert [t for _, t in inputs] == [torch.int32] * 2 + [torch.bfloat16] * 3 + [torch.int32] * 2
             assert written and all(written.values())
-        # decode first and alone, then (one job: in order) the other decode, the extend graphs, the buckets
-        assert [t for t, _ in neuron_double_units.COMPILED] == ["decode", "decode_logits", "extend_1x16",
+        for tag in ("mixed_2x16", "mixed_2x16_logits"):  # the extend inputs over 2 + 16 tokens of one row
+            _, _, inputs, written = traces[tag]
+            assert [s for s, _ in inputs] == [(1, 18), (1, 18), (1, 18, 10, 8), (1, 1, 18, 64), (1, 1, 18, 32), (1,),
+                                              (1,)]
+            assert written and all(written.values())
+        # decode first and alone, then (one job: in order) the other decode, the extend and mixed graphs (largest
+        # rows x T first), the buckets
+        assert [t for t, _ in neuron_double_units.COMPILED] == ["decode", "decode_logits", "mixed_2x16",
+                                                                "mixed_2x16_logits", "extend_1x16",
                                                                 "extend_1x16_logits", "prefill_32", "prefill_16"]
         m = Manifest.read(out)
-        assert m.extend_graphs == [[1, 16, "last"], [1, 16, "logits"]] and m.extend_buckets == [16]
+        assert m.extend_graphs == [[1, 16, "last"], [1, 16, "logits"], [2, 16, "mixed"], [2, 16, "mixed_logits"]]
+        assert m.extend_buckets == [16] and "-O1" in m.compiler_flags["mixed_2x16"]
         assert {"extend_1x16", "extend_1x16_logits"} <= set(m.graphs)
         assert "-O1" in m.compiler_flags["extend_1x16"] and "-O1" in m.compiler_flags["extend_1x16_logits"]
         assert "+ extend 1x16 (prefill_chunk)" in capsys.readouterr().out
@@ -246,8 +255,9 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
         cfg = EngineConfig(model=str(d), backend="neuron", artifacts=str(out))
         calls.clear()
         _, backend = load_from_artifacts(cfg)
-        assert backend.extend_buckets == (16,)
-        assert {c[1] for c in calls if c[0] == "forward"} >= {"extend_1x16", "extend_1x16_logits"}  # warmed up
+        assert backend.extend_buckets == (16,) and backend.mixed_steps
+        assert {c[1] for c in calls if c[0] == "forward"} >= {"extend_1x16", "extend_1x16_logits", "mixed_2x16",
+                                                               "mixed_2x16_logits"}  # warmed up
         spec = backend.extend_spec(8, 1)
         with pytest.raises(RuntimeError, match="no graph extend_1x8 .*--prefill-chunk 8"):
             backend.extend(spec, tuple(t.zeros() for t in spec.host_inputs))
@@ -262,6 +272,10 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
         assert ("forward", "extend_1x16") in calls  # a 24-token prompt: 16 + 8 through the extend graph
 
         raw = json.loads((out / "manifest.json").read_text())
+        raw["extend_graphs"] = raw["extend_graphs"][:2]
+        (out / "manifest.json").write_text(json.dumps(raw))  # as written before the mixed graphs
+        _, backend = load_from_artifacts(cfg)
+        assert backend.extend_buckets == (16,) and not backend.mixed_steps
         for key in ("extend_graphs", "extend_buckets"):
             del raw[key]
         (out / "manifest.json").write_text(json.dumps(raw))  # as written before extend graphs

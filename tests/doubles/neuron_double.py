@@ -24,8 +24,8 @@ as the NxD 0.18 source and torch-xla's documentation describe the real ones:
 - forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
   NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
   traced dtypes, after `set_weights` and `to_neuron`;
-- a graph keeps the module switches it was traced under (`candidates`, `per_position`, `hidden`: which decode
-  or extend variant), as a compiled graph does.
+- a graph keeps the module switches it was traced under (`candidates`, `per_position`, `hidden`, `mixed`: which
+  decode or extend variant), as a compiled graph does.
 
 `installed()` puts the fakes in sys.modules. Traced graphs are not compiled: the double keeps the module
 ModelBuilder was given and runs it on the CPU (its registered KV buffers standing in for device state), with
@@ -110,7 +110,7 @@ class ModelBuilder:
         weights = device_copies(self.model, weights)
         inputs = [(tuple(a.shape), a.dtype) for a in given]
         # the module's own trace-time switches (which decode or extend variant): the compiled graph keeps them
-        switches = {n: getattr(self.model, n, None) for n in ("candidates", "per_position", "hidden")}
+        switches = {n: getattr(self.model, n, None) for n in ("candidates", "per_position", "hidden", "mixed")}
         hlo = FakeHlo(repr((names, inputs, weights, sorted(uses), switches, heads)))
         self.trace_artifacts_collection[tag] = TraceArtifacts(
             {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),

@@ -1,8 +1,10 @@
 """Chunked prefill through the extend graph (fp32 / fp64, tiny checkpoints): greedy tokens equal transformers'
 with odd and even chunk sizes, while another sequence decodes beside the chunks (one chunk per step, the other
-row gets a token every step), at TP=1 and TP=2; seeded sampling is unchanged; the scheduler keeps FIFO order,
-one chunk per step and cancels at a chunk boundary. The extend graph's per-position candidates equal decode
-steps one token at a time, and it writes nothing outside its rows' new positions."""
+row gets a token every step, both in one mixed graph), at TP=1 and TP=2; the mixed graph equals a decode step and
+an extend step run one after the other, also beside a logprobs row (its `_logits` variant); seeded sampling is
+unchanged; the scheduler keeps FIFO order, one chunk per step and cancels at a chunk boundary. The extend graph's
+per-position candidates equal decode steps one token at a time, and it writes nothing outside its rows' new
+positions."""
 
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ def test_chunked_greedy_matches_transformers(name, tiny_dirs):
         assert eng.prefill_chunk == chunk
         short, long, gaps = run_beside(eng)
         assert (short, long, gaps) == (want_short, want_long, 0), f"{name} chunk {chunk}"
+        assert f"mixed_2x{chunk}" in eng.backend._graphs  # the chunks ran in the mixed graph with SHORT's tokens
     solo = engine(tiny_dirs[name], 7, max_batch=1)
     assert [e.token_id for e in solo.generate(LONG, SamplingParams(max_tokens=20, ignore_eos=True))] == want_long
 
@@ -146,3 +149,87 @@ def test_extend_per_position_equals_decode_steps_and_touches_only_its_positions(
         assert torch.allclose(top, out.values[0, i, :16], atol=1e-4)
     for a, b in zip(ext.kv, dec.kv):  # slot 1 holds the same cache afterwards (decode's free rows wrote junk)
         assert torch.allclose(a[1], b[1], atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("logits", [False, True])
+def test_mixed_graph_equals_a_decode_step_then_the_chunk(name, logits, tiny_dirs):
+    """One mixed graph (every slot's decode token + a 5-token chunk padded to T = 8) gives the decode step's
+    candidates (or logits) for the decoding slots, the extend graph's for the chunk's last position, and the same
+    KV buffers as the two graphs run one after the other (the chunking slot's decode row parked at the chunk)."""
+    from neuron_workers.backends.cpu import CpuBackend
+    from neuron_workers.model.extend_inputs import mixed_inputs
+    from neuron_workers.model.host_inputs import DecodeBatch
+    from neuron_workers.model.loader import load_model
+    from neuron_workers.model.spec import DECODE, PREFILL
+
+    model = load_model(tiny_dirs[name], torch.float32)
+    prompt, chunk, window = LONG[:20], [11, 12, 13, 14, 15], model.dims.sliding_window
+    heads = {0: [3, 4, 5, 6, 7, 8, 9, 10, 11], 2: [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]}
+
+    def fresh():
+        be = CpuBackend(model.hf_lm, model.dims, 64, (32,), max_batch=3)
+        batch = DecodeBatch(be.spec(DECODE), model.ple, window)
+        for slot, ids in [(0, heads[0]), (1, prompt), (2, heads[2])]:
+            be.prefill(32, prefill_inputs(be.spec(PREFILL, 32), ids, model.ple, window, slot))
+            batch.start(slot, len(ids))
+        batch.park(1, len(prompt))  # slot 1 is being prefilled in chunks: its next chunk starts at 20
+        return be, batch
+
+    decoding = [(0, 21, len(heads[0])), (2, 22, len(heads[2]))]
+    ref, batch = fresh()
+    dec = ref.decode(batch.inputs(decoding)) if logits else ref.decode_candidates(batch.inputs(decoding))
+    ext_spec = ref.extend_spec(8, 1, logits=logits)
+    ext = ref.extend(ext_spec, extend_inputs(ext_spec, [(1, chunk, len(prompt))], model.ple, window))
+
+    mix, batch = fresh()
+    spec = mix.mixed_spec(8, logits=logits)
+    assert spec.tag == f"mixed_3x8{'_logits' if logits else ''}"
+    decode = dict(zip(batch.names, batch.inputs(decoding)))
+    one = ref.extend_spec(8, 1)
+    rows = {x.name: v for x, v in zip(one.host_inputs, extend_inputs(one, [(1, chunk, len(prompt))], model.ple,
+                                                                     window))}
+    out = mix.extend(spec, mixed_inputs(spec, decode, rows))
+    got, want_dec, want_ext = (out, dec, ext) if logits else (out.values, dec.values, ext.values)
+    assert got.shape[0] == 4  # slots 0, 1, 2, then the chunk's last position
+    # fp32: the linear layers see 11 tokens instead of 3 or 8 (another summation order), so ~1e-4 apart
+    assert torch.allclose(got[[0, 2]], want_dec[[0, 2]], atol=2e-3)
+    assert torch.allclose(got[3], want_ext[0], atol=2e-3)
+    if not logits:
+        assert torch.equal(out.ids[[0, 2], :8], dec.ids[[0, 2], :8]) and torch.equal(out.ids[3, :8], ext.ids[0, :8])
+    for a, b in zip(mix.kv, ref.kv):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_mixed_steps_run_beside_logprobs_rows_and_equal_separate_graphs(tiny_dirs):
+    """A chunked prompt beside two decoding rows, one of which asks for logprobs (the `_logits` mixed graph):
+    the same tokens and logprobs with the mixed graph and with two graphs a step, greedy tokens equal
+    transformers', and the mixed graphs did run."""
+    d = tiny_dirs["gemma4-e4b-tiny"]
+    ref = hf_reference(d)
+    runs = []
+    for mixed in (True, False):
+        eng = engine(d, 13, max_batch=3)
+        eng.mixed_steps = mixed
+        p = SamplingParams
+        a = eng.new_sequence(SHORT, p(max_tokens=24, ignore_eos=True))
+        b = eng.new_sequence([2, 9, 8, 7], p(max_tokens=24, ignore_eos=True), logprobs=2)
+        c = eng.new_sequence(LONG, p(max_tokens=12, ignore_eos=True))
+        toks = {s.seq_id: [] for s in (a, b, c)}
+        lps = []
+        eng.add(a), eng.add(b)
+        for step in range(40):
+            if step == 2:
+                eng.add(c)
+            for e in eng.step():
+                toks[e.seq_id].append(e.token_id)
+                lps += [e.logprob] if e.seq_id == b.seq_id else []
+        tags = set(eng.backend._graphs)
+        assert any(t.startswith("mixed_3x13") for t in tags) == mixed, tags
+        assert ("mixed_3x13_logits" in tags) == mixed
+        runs.append(([toks[s.seq_id] for s in (a, b, c)], lps))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][0] == [hf_greedy(ref, SHORT, 24), hf_greedy(ref, [2, 9, 8, 7], 24), hf_greedy(ref, LONG, 12)]
+    assert torch.allclose(torch.tensor(runs[0][1]), torch.tensor(runs[1][1]), atol=1e-3)  # fp32 summation order

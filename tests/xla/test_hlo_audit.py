@@ -47,13 +47,14 @@ def test_every_graph_passes_the_audit(graphs):
     backend, hlos = graphs
     shapes = kv_shapes(backend)
     t = backend.extend_buckets[0]  # chunked prefill's chunk (16: the tiny ring, window 8 + slack 8)
-    extend = [f"extend_1x{t}", f"extend_1x{t}_logits", f"extend_{BATCH}x8_all"]  # chunks; the verify shape
+    extend = [f"extend_1x{t}", f"extend_1x{t}_logits", f"mixed_{BATCH}x{t}", f"mixed_{BATCH}x{t}_logits",
+              f"extend_{BATCH}x8_all"]  # chunks (alone, and beside the decode rows); the verify shape
     assert list(hlos) == ["prefill_16", "prefill_32", "decode_logits", "decode", *extend]
     vocab, k = backend.dims.vocab_size, backend.candidates
     tile = tile_width(vocab, k)
     # rows whose top-K the graph takes: torch.topk's int64 indices of their tiles (2 tiles of K at the tiny
     # width, cast to int32 at once; a Neuron build takes torch-neuronx's TopK op)
-    topk_rows = {"decode": BATCH, extend[0]: 1, extend[2]: BATCH * 8}
+    topk_rows = {"decode": BATCH, extend[0]: 1, extend[2]: BATCH + 1, extend[4]: BATCH * 8}
     for tag, text in hlos.items():
         a = audit(text, shapes)
         # prefill: the one-element slot index; the extend graphs index in int32 throughout
@@ -66,6 +67,9 @@ def test_every_graph_passes_the_audit(graphs):
         b, h, _, d = zip(*shapes)
         if tag.startswith("decode"):  # one position per row: B x H x D elements into each buffer
             assert a["kv_scatter_update_elements"] == [bb * hh * dd for bb, hh, dd in zip(b, h, d)]
+        elif tag.startswith("mixed"):  # one position of each of the B rows, then T positions of the chunk's row
+            want = sorted(n * hh * dd for hh, dd in zip(h, d) for n in (BATCH, t))
+            assert sorted(a["kv_scatter_update_elements"]) == want, tag
         elif tag.startswith("extend"):  # T positions of each of its R rows: R x H x T x D elements, nothing more
             rows, tt = (BATCH, 8) if tag.endswith("_all") else (1, t)
             want = sorted(rows * hh * tt * dd for hh, dd in zip(h, d))  # (HLO order is not the buffers' order)
@@ -107,7 +111,8 @@ def test_compile_hlo_writes_each_graph_and_the_audit(tiny_dirs, tmp_path, capsys
     # extend_1x16: the prefix cache's extend graph (chunking is off at the tiny ring, reuse is on)
     assert sorted(p.name for p in out.iterdir()) == ["audit.json", "decode.hlo.txt", "decode_logits.hlo.txt",
                                                       "extend_1x16.hlo.txt", "extend_1x16_logits.hlo.txt",
-                                                      "extend_2x8_all.hlo.txt", "prefill_32.hlo.txt"]
+                                                      "extend_2x8_all.hlo.txt", "mixed_2x16.hlo.txt",
+                                                      "mixed_2x16_logits.hlo.txt", "prefill_32.hlo.txt"]
     report = json.loads((out / "audit.json").read_text())
     assert report["decode"]["kv_selects"] == 0 and report["decode"]["ops"]["scatter"] == 12
     assert (out / "decode.hlo.txt").read_text().startswith("HloModule ")

@@ -98,8 +98,9 @@ def test_fp32_tokens_through_the_top_k_decode_graph_equal_the_cpu_backend(name, 
 @pytest.mark.parametrize("name", NAMES)
 def test_fp32_chunked_prefill_through_the_extend_graph_equals_the_cpu_backend(name, tiny_dirs):
     """Prompts over 7 tokens prefilled 7 at a time through `extend_1x7` (top-K candidates of the last position,
-    the last chunk samples from them), interleaved with decode steps: the same tokens as the CPU backend's
-    chunked run and as its whole-prompt run; one XLA program per graph, no fallback."""
+    the last chunk samples from them) or, beside decoding rows, `mixed_3x7` (their decode tokens and the chunk):
+    the same tokens as the CPU backend's chunked run and as its whole-prompt run; one XLA program per graph, no
+    fallback."""
     import torch_xla.debug.metrics as met
 
     met.clear_counters()
@@ -109,9 +110,10 @@ def test_fp32_chunked_prefill_through_the_extend_graph_equals_the_cpu_backend(na
     got = run_staggered(xla)
     assert got == run_staggered(cpu) == run_staggered(whole)
     twin = xla.backend
-    assert set(twin.graph_hashes) == {"prefill_16", "extend_1x7", "decode"}  # 5 and 3 tokens: prefill_16
+    # 5 and 3 tokens: prefill_16; every chunk comes beside decoding rows here: the mixed graph
+    assert set(twin.graph_hashes) == {"prefill_16", "mixed_3x7", "decode"}, twin.graph_hashes
     assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
-    assert all(n <= 1 for n in twin.compiles.values()) and twin.calls["extend_1x7"] >= 5, (twin.compiles, twin.calls)
+    assert all(n <= 1 for n in twin.compiles.values()) and twin.calls["mixed_3x7"] >= 5, (twin.compiles, twin.calls)
     assert twin.fallback_ops() == {}
     xla.close()
 
