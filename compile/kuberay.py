@@ -24,7 +24,7 @@ from compile.plan import INSTANCES
 # Ray Serve settings every node's processes need (serve_app/ops/ray_env.py CLUSTER: HAProxy ingress; compile
 # does not import serve_app, and a test keeps the two equal)
 SERVE_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152",
-             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
 # HAProxy through serve_app/ops/haproxy-shed (request-head timeout, per-source connection cap), as
 # serve_app/ops/ray_env.py's shed_env() sets it locally; the image has this repository at /app (README, KubeRay)
 APP_DIR = "/app"

@@ -32,8 +32,11 @@ from pathlib import Path
 # so that a head too large is still our 431 in OpenAI's shape, not HAProxy's bare 400
 # A router replica that stops keeps answering this long so HAProxy stops sending to it (Serve's default
 # is 30 s, on top of our own drain: a shutdown with nothing in flight took 34 s)
+# A starting proxy actor has this long to answer its ready check (Serve's default, 5 s, is shorter than a worker
+# process takes to start on a loaded host: the controller then kills the proxy before it ran, and `serve.start`
+# fails with ActorDiedError; seen with the test suite beside CPU-bound work on 2 cores)
 CLUSTER = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": "49152",
-           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
 # The router's handles go over gRPC (serve_app/router.py), whose messages Serve caps at 4 MiB by default: lifted
 # to gRPC's own limit, as Ray's actor calls have none (a body up to AppArgs.max_request_bytes, an answer with
 # logprobs of several MiB)
