@@ -1,7 +1,7 @@
 """`compile build`: one pipeline for every backend. Load the checkpoint, expand the prefill buckets and
 the decode step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, and for neuron the
 extend graphs of chunked prefill (`extend_1xT`, `extend_1xT_logits`, T the resolved `prefill_chunk`: default 256,
-0 or a model whose sliding ring is smaller: none; without speculation or a drafter also the mixed graphs
+0 or a model whose sliding ring is smaller: none; without speculation (K = 0) also the mixed graphs
 `mixed_BxT` and `mixed_BxT_logits`, a chunk beside every slot's decode token) and, with
 `num_speculative_tokens` K, the verify graph `extend_{B}x{K+1}_all`, and with `draft_model` (an MTP drafter,
 neuron) the `_h` variants of the candidate graphs and the `draft` graph (K defaults to 4 then, as serving that
@@ -66,8 +66,7 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
         from neuron_workers.backends.neuron_build import build_neuron
 
         k = speculative_tokens(cfg)  # mixed graphs: chunks beside decode rows, which speculation verifies instead
-        mixed = [] if k or drafter is not None else mixed_shapes(batch, chunk)
-        extend = chunk_shapes(chunk) + mixed + verify_shapes(batch, k)
+        extend = chunk_shapes(chunk) + ([] if k else mixed_shapes(batch, chunk)) + verify_shapes(batch, k)
         flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend, drafter)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:

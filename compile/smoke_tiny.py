@@ -1,8 +1,8 @@
 """`compile smoke`'s tiny-checkpoint steps (tp1, tp2), against the CPU backend. WRITTEN AGAINST THE SDK, NOT RUN
 ON HARDWARE HERE (tests/compile/test_smoke.py runs tp1 against the Neuron test double).
 
-A tiny checkpoint is built at context 64 (batch 2, buckets 16 and 32, and the extend graphs of a 16-token chunk:
-the tiny models' ring, window 8 + slack 8; with a tiny MTP drafter too: the draft graph and the `_h` candidate
+A tiny checkpoint is built at context 64 (batch 2, buckets 16 and 32, and the extend and mixed graphs of a 16-token
+chunk: the tiny models' ring, window 8 + slack 8; with a tiny MTP drafter too: the draft graph and the `_h` candidate
 graphs, at tp=2 its layers split over the two cores) and then:
   teacher   two prompts of 20 tokens (past the sliding window) decoded together on the CPU backend (bf16), and the
             very same inputs fed to the device, call by call: logits within LOGIT_TOL, the same argmax wherever the
@@ -16,6 +16,9 @@ graphs, at tp=2 its layers split over the two cores) and then:
             (a seeded hidden state, the rows at their next positions, over the KV each wrote): the drafter's next
             hidden state within HIDDEN_RTOL of the CPU's largest value, the same draft id in every row whose two
             best drafter logits (CPU) are further apart than 2 * LOGIT_TOL (`draft_check`)
+  mixed     slot 0 holds a prompt and decodes one token while slot 1 takes a 16-token chunk, in one `mixed_2x16` step
+            (and its `_logits` variant) on both backends with the same inputs: the decode row and the chunk's last
+            position compared as above (`mixed_check`)
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
                                        EXTEND_PROMPT)
             # the slots hold what extend_check wrote, the same on both backends
             draft_ok, drafted = draft_step(rec.inner, backend, drafter)
-            ext_ok, ext = ext_ok and draft_ok, f"{ext}; {drafted}"
+            mix_ok, mixed = mixed_check(rec.inner, backend, device.model.ple, device.dims.sliding_window, CHUNK)
+            ext_ok, ext = ext_ok and draft_ok and mix_ok, f"{ext}; {drafted}; {mixed}"
         finally:
             device.close()
             cpu.close()
@@ -104,6 +108,38 @@ def extend_check(cpu, device, ple, window: int, chunk: int, prompt: list[int]) -
                                                                      len(head))], ple, window))
     ok_l, msg_l = compare_logits([out["cpu", True]], [out["device", True]], f"extend_1x{chunk}_logits: ")
     ok_c, msg_c = compare_candidates(out["cpu", False], out["device", False], f"extend_1x{chunk}: ")
+    return ok_l and ok_c, f"{msg_l}; {msg_c}"
+
+
+def mixed_check(cpu, device, ple, window: int, chunk: int) -> tuple[bool, str]:
+    """Slot 0 holds PROMPTS[0] and decodes token 7; slot 1 holds EXTEND_PROMPT but its last `chunk` tokens and takes
+    them: one `mixed_2x{chunk}` step and one `_logits` step (the same writes twice) on both backends with the same
+    inputs; the decode row and the chunk's last position (rows 0 and 2) compared."""
+    from neuron_workers.model.extend_inputs import extend_inputs, mixed_inputs
+    from neuron_workers.model.host_inputs import DecodeBatch, choose_bucket, prefill_inputs
+    from neuron_workers.model.spec import DECODE, PREFILL
+
+    if not device.mixed_steps:
+        return False, f"mixed_2x{chunk}: not built"
+    head, out = EXTEND_PROMPT[: len(EXTEND_PROMPT) - chunk], {}
+    for name, b in (("cpu", cpu), ("device", device)):
+        for slot, ids in ((0, PROMPTS[0]), (1, head)):
+            bucket = choose_bucket(len(ids), b.buckets)
+            b.prefill(bucket, prefill_inputs(b.spec(PREFILL, bucket), ids, ple, window, slot))
+        batch = DecodeBatch(b.spec(DECODE), ple, window)
+        batch.start(0, len(PROMPTS[0]))
+        batch.park(1, len(head))  # its decode row writes where the chunk writes first
+        decode = dict(zip(batch.names, batch.inputs([(0, 7, len(PROMPTS[0]))])))
+        one = b.extend_spec(chunk, 1)
+        rows = extend_inputs(one, [(1, EXTEND_PROMPT[len(head):], len(head))], ple, window)
+        rows = {x.name: t for x, t in zip(one.host_inputs, rows)}
+        for logits in (True, False):
+            spec = b.mixed_spec(chunk, logits=logits)
+            out[name, logits] = b.extend(spec, mixed_inputs(spec, decode, rows))
+    pick = [0, 2]
+    ok_l, msg_l = compare_logits([out["cpu", True][pick]], [out["device", True][pick]], f"mixed_2x{chunk}_logits: ")
+    ok_c, msg_c = compare_candidates([x[pick] for x in out["cpu", False][:2]],
+                                     [x[pick] for x in out["device", False][:2]], f"mixed_2x{chunk}: ")
     return ok_l and ok_c, f"{msg_l}; {msg_c}"
 
 

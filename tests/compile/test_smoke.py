@@ -106,7 +106,7 @@ class Skewed:
 
 @pytest.mark.parametrize("bias,ok", [(0.0, True), (1.0, False)])
 def test_extend_and_draft_checks_compare_with_the_cpu(tiny_dirs, tmp_path, bias, ok):
-    """The smoke test's extend and draft steps on two CPU backends: equal graphs pass (with clear rows, so the
+    """The smoke test's extend, draft and mixed steps on two CPU backends: equal graphs pass (with clear rows, so the
     argmax and best-id checks are not empty), and outputs off by more than the tolerance fail, in both extend
     variants and in the drafter's next hidden state."""
     from neuron_workers.model.assistant import load_assistant
@@ -128,20 +128,27 @@ def test_extend_and_draft_checks_compare_with_the_cpu(tiny_dirs, tmp_path, bias,
     got, detail = smoke_tiny.draft_step(ref.backend, Skewed(dev.backend, bias), str(drafter))
     assert got == ok and "draft id equal in 1/1 clear rows" in detail, detail
     assert ("max |next hidden diff| 0.000" if ok else "max |next hidden diff| 1.000") in detail, detail
+    got, detail = smoke_tiny.mixed_check(ref.backend, Skewed(dev.backend, bias), dev.model.ple,
+                                         dev.dims.sliding_window, smoke_tiny.CHUNK)
+    assert got == ok and "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16: 256 candidates" in detail, detail
+    assert ("max |logit diff| 0.000" if ok else "max |logit diff| 1.000") in detail, detail
 
 
 @pytest.mark.slow
 def test_tp1_step_runs_against_the_double():
     """The tiny tp=1 step end to end against the double: teacher-forced logits, the top-K `decode_h` against
     `decode_logits`, the extend graphs (built for a 16-token chunk, the top-K one as `_h`: the build has a tiny
-    MTP drafter) against the CPU backend's extend, and one draft step of both slots against the CPU's."""
+    MTP drafter) against the CPU backend's extend, one draft step of both slots against the CPU's, and a mixed
+    step (a decode row and a chunk) in both mixed graphs against the CPU's."""
     with neuron_double.installed() as calls:
         ok, detail = smoke._run_step("tp1").values()
     assert ok, detail
     assert detail.startswith("tp=1: ") and "argmax equal in" in detail and "tokens equal" in detail
     assert "extend_1x16_logits: 1 calls" in detail and "best id equal in 1/1 clear rows" in detail
     assert "draft: 2 rows, max |next hidden diff| 0.000" in detail and "draft id equal in 1/1 clear rows" in detail
+    assert "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16: 256 candidates" in detail
     traced = [c[1] for c in calls if c[0] == "trace"]
-    assert traced[-3:] == ["extend_1x16_h", "extend_1x16_logits", "draft"]
+    assert traced[-5:] == ["extend_1x16_h", "extend_1x16_logits", "mixed_2x16", "mixed_2x16_logits", "draft"]
     ran = {c[1] for c in calls if c[0] == "forward"}
-    assert {"decode_h", "decode_logits", "extend_1x16_h", "extend_1x16_logits", "draft"} <= ran
+    assert {"decode_h", "decode_logits", "extend_1x16_h", "extend_1x16_logits", "mixed_2x16", "mixed_2x16_logits",
+            "draft"} <= ran
