@@ -1,18 +1,20 @@
 """The stall a long prompt puts on running streams, with and without chunked prefill, side by side in one run.
 
-    python bench/prefill_stall.py [--dims tiny|12b|both] [--chunk N] [--threads 1]
+    python bench/prefill_stall.py [--dims tiny|12b|both] [--chunk N] [--repeat 3] [--threads 1]
 
-Two streams decode; then a prompt of most of the context arrives. Per engine step the wall time is kept; the
-script prints the median decode step before the arrival, the longest step while the long prompt is being
-prefilled (until its first token), their ratio (goal with chunks: <= 2x), and the long prompt's time to first
-token, for `prefill_chunk` 0 (the whole prompt in one step) and N, N both as two graphs a step (the decode
-step, then the chunk's extend graph) and as one (the mixed graph: the chunk beside the decode tokens). The
-longest of the decode steps before the arrival is printed too (the box's noise floor), and the 95th percentile
-of the steps while the prompt is prefilled. The first tokens of the
-three runs are compared. `tiny`: the E4B-like tiny checkpoint, context 1024, prompt 1000 (chunk at most its
-ring, 16). `12b`: random bf16 weights at the real 12B widths (hidden 3840, 16 query heads, head_dim 256 / 512,
-vocab 262,144, window 1024) but 2 layers (one sliding, one full: the full 48 would not fit this box's RAM),
-context 1024, prompt 1000.
+Two streams decode; then a prompt of most of the context arrives. Per engine step the wall time is kept; the script
+prints the median decode step before the arrival, the longest step while the long prompt is being prefilled (until
+its first token), their ratio (goal with chunks: <= 2x), and the long prompt's time to first token, for
+`prefill_chunk` 0 (the whole prompt in one step) and N, N both as two graphs a step (the decode step, then the
+chunk's extend graph) and as one (the mixed graph: the chunk beside the decode tokens). The longest of the decode
+steps before the arrival is printed too (the box's noise floor), and the 95th percentile of the steps while the
+prompt is prefilled. Each mode is measured `--repeat` times, the modes taking turns (so a slow spell of the box
+falls on all of them); every repeat's longest step is printed and the least of them, the stall that every repeat
+shows (a step that takes the whole prompt is in every repeat; a descheduled process is not). The first tokens of the
+modes are compared. `tiny`: the E4B-like tiny checkpoint, context 1024, prompt 1000 (chunk at most its ring, 16).
+`12b`: random bf16 weights at the real 12B widths (hidden 3840, 16 query heads, head_dim 256 / 512, vocab 262,144,
+window 1024) but 2 layers (one sliding, one full: the full 48 would not fit this box's RAM), context 1024, prompt
+1000.
 """
 
 from __future__ import annotations
@@ -130,24 +132,35 @@ def main(argv=None) -> int:
     ap.add_argument("--dims", choices=["tiny", "12b", "both"], default="both")
     ap.add_argument("--chunk", type=int, help="prefill_chunk to compare with 0 (default: 16 at tiny, the ring; "
                     "32 at 12b)")
+    ap.add_argument("--repeat", type=int, default=3, help="measurements of each mode, taking turns (default 3)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     prompt = [2] + [(7 * i + 3) % 500 + 5 for i in range(PROMPT - 1)]
     for which in (["tiny", "12b"] if args.dims == "both" else [args.dims]):
-        rows = []
-        for eng in engines(which, args.chunk or (16 if which == "tiny" else 32)):
+        engs = engines(which, args.chunk or (16 if which == "tiny" else 32))
+        for eng in engs:
             run(eng, prompt[:100], 2, 2)  # every graph built and used once (eager graphs are made on first use)
-            med, floor, worst, p95, med_during, steps, ttft, first = run(eng, prompt)
-            rows.append((eng.prefill_chunk, eng.mixed_steps, med, floor, worst, p95, med_during, steps, ttft, first))
-        for chunk, mixed, med, floor, worst, p95, med_during, steps, ttft, _ in rows:
-            how = ("mixed" if mixed else "2 graphs") if chunk else "whole"
-            print(f"{which}: prefill_chunk {chunk or 'off':>4} ({how:>8}): decode step median {med * 1e3:7.1f} ms "
-                  f"(longest {floor / med:4.2f}x); while a {PROMPT}-token prompt prefills: longest step "
-                  f"{worst * 1e3:8.1f} ms = {worst / med:6.2f}x (gap {(worst - med) * 1e3:7.1f} ms), p95 "
-                  f"{p95 / med:5.2f}x, median {med_during / med:5.2f}x, {steps} steps, its TTFT {ttft:6.2f} s")
-        print(f"{which}: first token equal: {rows[0][-1] == rows[1][-1] == rows[2][-1]}")
+        rows = [[run(eng, prompt) for eng in engs] for _ in range(max(1, args.repeat))]
+        for eng, runs in zip(engs, zip(*rows)):
+            report(which, eng, runs)
+        firsts = {tuple(r[-1]) for per_mode in rows for r in per_mode}
+        print(f"{which}: first token equal in every mode and repeat: {len(firsts) == 1}")
     return 0
+
+
+def report(which: str, eng, runs) -> None:
+    """One line per repeat of one mode, then the least longest step over the repeats."""
+    how = ("mixed" if eng.mixed_steps else "2 graphs") if eng.prefill_chunk else "whole"
+    label = f"{which}: prefill_chunk {eng.prefill_chunk or 'off':>4} ({how:>8})"
+    for med, floor, worst, p95, med_during, steps, ttft, _ in runs:
+        print(f"{label}: decode step median {med * 1e3:7.1f} ms (longest {floor / med:4.2f}x); while a "
+              f"{PROMPT}-token prompt prefills: longest step {worst * 1e3:8.1f} ms = {worst / med:6.2f}x (gap "
+              f"{(worst - med) * 1e3:7.1f} ms), p95 {p95 / med:5.2f}x, median {med_during / med:5.2f}x, {steps} "
+              f"steps, its TTFT {ttft:6.2f} s")
+    ratios = [r[2] / r[0] for r in runs]
+    print(f"{label}: longest step over {len(runs)} repeats: least {min(ratios):.2f}x, most {max(ratios):.2f}x; "
+          f"median step {statistics.median(r[4] / r[0] for r in runs):.2f}x")
 
 
 if __name__ == "__main__":

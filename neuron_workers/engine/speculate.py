@@ -10,6 +10,10 @@ position their verify writes first. Positions written for rejected drafts are ab
 them until they are overwritten, and a ring overwrites with them only entries at least the slack (64; the
 tiny models 8) behind, which no later query reads, so k is at most the ring slack.
 
+A step with a chunk of a prompt to prefill runs the mixed graph instead (`Prefills._mixed`: every running row
+decodes one token, no row verifies that step, so the chunk's stall stays one graph); with the MTP drafter,
+whose rounds need the hidden state the mixed graph does not return, it verifies and then runs the chunk.
+
 With `draft_model` the drafts come from the MTP drafter (`engine/mtp.py`: k draft steps over all slots
 before the verify); its sliding layers read one ring entry more than the target's (W + 1 keys), so k is
 at most the slack less one. Decode and verify steps then also return the target's last hidden state,

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from compile.__main__ import main as compile_main
-from compile.build import build
+from compile.build import build, extend_shapes
 from neuron_workers.artifacts.manifest import Manifest
 from neuron_workers.config import EngineConfig
 from neuron_workers.engine.params import SamplingParams
@@ -284,6 +284,18 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
         assert backend.extend_buckets == () and not any(c[1].startswith("extend") for c in calls if c[0] == "forward")
     assert generate_main(args + ["--max-context", "64", "--dtype", "bfloat16", "--prefill-chunk", "16"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == neuron and len(neuron) == 12
+
+
+def test_neuron_extend_shapes_keep_the_mixed_graphs_beside_prompt_lookup_drafts():
+    """The mixed graphs are built with every chunk size, beside prompt-lookup drafts too (a chunk step runs them
+    instead of a verify); not beside an MTP drafter that drafts (they return no hidden state for its rounds)."""
+    chunk, mixed = [(1, 16, "last"), (1, 16, "logits")], [(2, 16, "mixed"), (2, 16, "mixed_logits")]
+    verify = [(2, 4, "all")]
+    assert list(map(tuple, extend_shapes(2, 16, 0, False))) == chunk + mixed
+    assert list(map(tuple, extend_shapes(2, 16, 3, False))) == chunk + mixed + verify
+    assert list(map(tuple, extend_shapes(2, 16, 3, True))) == chunk + verify
+    assert list(map(tuple, extend_shapes(2, 16, 0, True))) == chunk + mixed  # a drafter with no drafts
+    assert list(map(tuple, extend_shapes(2, 0, 3, False))) == verify
 
 
 def test_neuron_build_with_an_mtp_drafter_traces_and_serves_the_draft_and_verify_graphs(tiny_dirs, tmp_path, capsys):

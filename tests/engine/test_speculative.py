@@ -75,6 +75,38 @@ def test_drafts_at_tp2_and_reuse_after_rejections(tiny_dirs):
         eng.close()
 
 
+@pytest.mark.slow
+def test_chunk_steps_run_the_mixed_graph_and_drafts_resume_after(tiny_dirs):
+    """With drafts and chunked prefill, a step that has a chunk runs the mixed graph (every decoding row one
+    token beside the chunk, one graph) and no verify; once the prompt is in, verify steps resume. Greedy tokens
+    equal transformers'."""
+    d = tiny_dirs["gemma4-e4b-tiny"]
+    ref = hf_reference(d)
+    long = [2] + [(5 * i + 2) % 80 + 20 for i in range(60)]
+    want = {tuple(p): hf_greedy(ref, p, 40) for p in (A, long)}
+    eng = engine(d, 3, prefill_chunk=8)
+    assert eng.mixed_steps
+    eng.drafter = Oracle(want, eng.dims.vocab_size)
+    a = eng.new_sequence(A, SamplingParams(max_tokens=40, ignore_eos=True))
+    b = eng.new_sequence(long, SamplingParams(max_tokens=12, ignore_eos=True))
+    toks, per_step, verifies = {a.seq_id: [], b.seq_id: []}, [], []
+    eng.add(a)
+    for step in range(60):
+        if step == 4:  # A decodes (and verifies drafts) by now
+            eng.add(b)
+        chunking = b.slot is not None and not b.output_ids
+        before = eng.spec_draft_tokens
+        events = eng.step()
+        for e in events:
+            toks[e.seq_id].append(e.token_id)
+        if chunking and not a.finished:
+            per_step.append(sum(e.seq_id == a.seq_id for e in events))
+        verifies.append(eng.spec_draft_tokens > before)
+    assert [toks[a.seq_id], toks[b.seq_id]] == [want[tuple(A)], want[tuple(long)][:12]]
+    assert len(per_step) >= 7 and set(per_step) == {1}  # 61 tokens in chunks of 8: one token of A each step
+    assert "mixed_3x8" in eng.backend._graphs and any(verifies[:4]) and any(verifies[4 + len(per_step):])
+
+
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs * counts.sum()
     keep = expected > 0
