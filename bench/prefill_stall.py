@@ -5,8 +5,8 @@
 Two streams decode; then a prompt of most of the context arrives. Per engine step the wall time is kept; the script
 prints the median decode step before the arrival, the longest step while the long prompt is being prefilled (until
 its first token), their ratio (goal with chunks: <= 2x), and the long prompt's time to first token, for
-`prefill_chunk` 0 (the whole prompt in one step) and N, N both as two graphs a step (the decode step, then the
-chunk's extend graph) and as one (the mixed graph: the chunk beside the decode tokens). The longest of the decode
+`prefill_chunk` 0 (the whole prompt in one step) and N, N both as two graphs a step (the chunk's extend graph,
+then the decode step) and as one (the mixed graph: the chunk beside the decode tokens). The longest of the decode
 steps before the arrival is printed too (the box's noise floor), and the 95th percentile of the steps while the
 prompt is prefilled. Each mode is measured `--repeat` times, the modes taking turns (so a slow spell of the box
 falls on all of them); every repeat's longest step is printed and the least of them, the stall that every repeat

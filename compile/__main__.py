@@ -29,8 +29,8 @@
   kuberay --config configs/inf2.yaml [--check]   the KubeRay RayService for EKS generated from that config
          (configs/kuberay/rayservice.yaml; --check exits 1 when it has drifted)
   smoke  the inf2 hardware smoke test (compile/smoke.py): versions, a toy ModelBuilder model, tiny
-         checkpoints at tp 1 and 2 against the CPU backend (prefill, decode and extend graphs, and the draft
-         graph of a tiny MTP drafter); PASS/FAIL per step
+         checkpoints at tp 1 and 2 against the CPU backend (prefill, decode, extend and mixed graphs, and the
+         draft graph of a tiny MTP drafter); PASS/FAIL per step
 """
 
 from __future__ import annotations

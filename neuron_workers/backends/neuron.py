@@ -146,7 +146,8 @@ class NeuronBackend(NeuronSpecs):
         self._warm_up()
 
     def _run(self, spec: GraphSpec, inputs):
-        """One graph, chosen by its tag (NxDModel's key: `prefill_N`, `decode`, `decode_logits`, `extend_RxT...`)."""
+        """One graph, chosen by its tag (NxDModel's key: `prefill_N`, `decode`, `decode_logits`, `extend_RxT...`,
+        `mixed_BxT...`, `draft`)."""
         if spec.tag not in self.graphs:
             raise RuntimeError(f"these artifacts have no graph {spec.tag} (built: {', '.join(sorted(self.graphs))})"
                                + (f": rebuild with `compile build --prefill-chunk {spec.seq_len}`"

@@ -5,7 +5,8 @@ slots (each prefilled on its own, batch 1, into its slot; with `prefill_chunk` a
 the extend graph one chunk a step, `scheduler.prefill_work`; with `prefix_cache` a slot keeps its KV when its
 sequence ends and a prompt starting with the same tokens prefills only the rest: `engine/prefill.py`,
 `engine/prefix_cache.py`), then one decode step over every running row (with `speculative_tokens`, a
-verify step of prompt-lookup drafts instead: `engine/speculate.py`),
+verify step of the drafts instead: `engine/speculate.py`; with a chunk to prefill beside running rows, both in
+the mixed graph: `Prefills._mixed`),
 per-row sampling, stop rules and detokenization; it returns the step's events. The engine owns host-side
 work only (PLE lookup, masks, sampling, stops, detokenization); the backend owns the graphs and the KV
 buffers. It is not thread-safe: one thread drives it (`loop.EngineLoop` in a server; `generate`

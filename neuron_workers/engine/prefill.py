@@ -68,20 +68,17 @@ class Prefills:
     def _mixed(self, seq: Sequence, n: int, running: list[Sequence]) -> list[EngineEvent]:
         """The next `n` prompt tokens of `seq` and one decode token of every row of `running`, in one mixed
         graph (`spec.mixed_spec`); the events of the decode rows, and `seq`'s first token if its prompt is done."""
-        start, b = seq.prefilled, self.max_batch
-        last = start + n == len(seq.prompt_ids)
-        rows = self._rows([(s.slot, s) for s in running] + ([(b, seq)] if last else []))
+        last = seq.prefilled + n == len(seq.prompt_ids)
+        rows = self._rows([(s.slot, s) for s in running] + ([(self.max_batch, seq)] if last else []))
         k = self.backend.candidates
         spec = self.backend.mixed_spec(self.extend_t, logits=not k or any(needs_logits(r, k) for r in rows
                                                                           if isinstance(r, Row)))
         try:
-            self.batch.park(seq.slot, start)  # its decode row writes where the chunk writes first
-            decode = self.batch.inputs([(s.slot, s.output_ids[-1], s.next_position) for s in running])
-            chunk_spec = self.backend.extend_spec(self.extend_t, 1)
-            chunk = extend_inputs(chunk_spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
-                                  self.dims.sliding_window)
-            inputs = mixed_inputs(spec, dict(zip(self.batch.names, decode)),
-                                  {x.name: v for x, v in zip(chunk_spec.host_inputs, chunk)})
+            inputs = self._mixed_inputs(spec, seq, n, running)
+        except Exception as e:  # the chunk's inputs (host side): that sequence ends, the others decode alone
+            log.exception("mixed step inputs failed")
+            return [self._fail(seq, e), *self._decode(running)]
+        try:
             scores = self.backend.extend(spec, inputs)
             picks = self._pick(scores, rows)
         except Exception as e:  # the backend failed: these sequences end, the engine goes on
@@ -94,6 +91,18 @@ class Prefills:
             self.batch.park(seq.slot, seq.prefilled)
         todo = list(zip(running, picks)) + ([(seq, picks[-1])] if last else [])
         return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in todo]
+
+    def _mixed_inputs(self, spec, seq: Sequence, n: int, running: list[Sequence]) -> tuple:
+        """The mixed graph's inputs: every slot's decode row (`seq`'s parked at its chunk's first position, which
+        the chunk then overwrites) and `seq`'s next `n` prompt tokens as one extend row."""
+        start = seq.prefilled
+        self.batch.park(seq.slot, start)
+        decode = self.batch.inputs([(s.slot, s.output_ids[-1], s.next_position) for s in running])
+        chunk_spec = self.backend.extend_spec(self.extend_t, 1)
+        chunk = extend_inputs(chunk_spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
+                              self.dims.sliding_window)
+        return mixed_inputs(spec, dict(zip(self.batch.names, decode)),
+                            {x.name: v for x, v in zip(chunk_spec.host_inputs, chunk)})
 
     def _vacate(self, slot: int, seq: Sequence | None) -> None:
         """`slot` is free: with prefix reuse it keeps what `seq` left in it (None: nothing worth keeping, e.g.

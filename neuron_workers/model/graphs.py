@@ -10,7 +10,8 @@ head. Their only state is explicit tensors, declared (inputs and outputs) in `sp
   extend:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, slots, *kv
   mixed:   the extend inputs over one token axis of B decode tokens + T chunk tokens (`mixed_kv.MixedKV`)
   outputs: prefill and decode_logits: logits [rows, vocab] at the last real position, without the soft-cap;
-           decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; then *kv updated
+           decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; the mixed graph: the
+           same for B + 1 rows (the B decode tokens, then the chunk's last real position); then *kv updated
 
 Every KV update is a function of the old buffer (the rule the Neuron runtime needs to keep KV as device
 state, and what keeps batched rows independent): prefill writes its prompt into row `slot` with
@@ -86,10 +87,10 @@ class DecodeKV:
         return self.scatter_index[key]
 
 
-def _take(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
-    """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes); with x of batch 1 and
-    idx of n entries, the n entries of x along `dim` (the mixed graph's B + 1 tokens)."""
-    if x.shape[0] == 1 and idx.shape[0] > 1:
+def _take(x: torch.Tensor, idx: torch.Tensor, dim: int, tokens: bool = False) -> torch.Tensor:
+    """x[b, ..., idx[b], ...] along `dim`, keeping that dim with size 1 (static shapes); `tokens`: x has batch 1
+    and idx picks its entries along `dim` (the mixed graph's B + 1 tokens)."""
+    if tokens:
         return x.index_select(dim, idx)
     shape = list(x.shape)
     shape[dim] = 1
@@ -155,30 +156,31 @@ class GemmaGraph(nn.Module):
         rope = {t: m.rotary_emb(h, position_ids, t) for t in self.layer_types}
         masks = {FULL: x["mask_full"], SLIDING: x["mask_sliding"]}
         last = None if self.spec.per_position else x.get("last_idx")
-        if self.spec.phase == MIXED:  # the B decode tokens and the chunk's last real one: [B + 1]
+        mixed = self.spec.phase == MIXED
+        if mixed:  # the B decode tokens and the chunk's last real one: [B + 1]
             b = self.spec.batch
             last = torch.cat([torch.arange(b, dtype=last.dtype, device=last.device), b + last])
         shared: dict = {}
         for i, layer in enumerate(m.layers):
             if last is not None and i == dims.first_shared_layer:
                 # KV-shared layers write no KV: in prefill only the last real token needs them.
-                h, ple, rope, masks, position_ids = _select_last(last, h, ple, rope, masks, position_ids)
+                h, ple, rope, masks, position_ids = _select_last(last, mixed, h, ple, rope, masks, position_ids)
                 last = None
             extra = {"per_layer_input": ple[:, :, i, :]} if ple is not None else {}
             h = layer(h, shared_kv_states=shared, position_embeddings=rope[dims.layer_types[i]],
                       attention_mask=masks[dims.layer_types[i]], position_ids=position_ids,
                       past_key_values=cache, **extra)
         if last is not None:
-            h = _take(h, last, 1)
-        return h.reshape(-1, 1, h.shape[-1]) if self.spec.phase == MIXED else h  # [B + 1, 1, H]
+            h = _take(h, last, 1, mixed)
+        return h.reshape(-1, 1, h.shape[-1]) if mixed else h  # [B + 1, 1, H]
 
 
-def _select_last(last, h, ple, rope, masks, position_ids):
-    h = _take(h, last, 1)
-    ple = _take(ple, last, 1) if ple is not None else None
-    rope = {t: (_take(c, last, 1), _take(s, last, 1)) for t, (c, s) in rope.items()}
-    masks = {t: _take(mk, last, 2) for t, mk in masks.items()}
-    return h, ple, rope, masks, _take(position_ids, last, 1)
+def _select_last(last, tokens: bool, h, ple, rope, masks, position_ids):
+    h = _take(h, last, 1, tokens)
+    ple = _take(ple, last, 1, tokens) if ple is not None else None
+    rope = {t: (_take(c, last, 1, tokens), _take(s, last, 1, tokens)) for t, (c, s) in rope.items()}
+    masks = {t: _take(mk, last, 2, tokens) for t, mk in masks.items()}
+    return h, ple, rope, masks, _take(position_ids, last, 1, tokens)
 
 
 def build_graph(hf_lm: nn.Module, dims: ModelDims, spec: GraphSpec) -> GemmaGraph:

@@ -48,10 +48,9 @@ class MixedKV:
         if full:
             return (SplitKV(self.kv[j], self.kv[j].index_select(0, self.slots)),
                     SplitKV(self.kv[j + 1], self.kv[j + 1].index_select(0, self.slots)))
-        b = self.batch
-        return (SplitKV(self.kv[j], torch.cat([old_k.index_select(0, self.slots), k[:, :, b:].to(old_k.dtype)], 2)),
-                SplitKV(self.kv[j + 1], torch.cat([old_v.index_select(0, self.slots), v[:, :, b:].to(old_v.dtype)],
-                                                  2)))
+        own_k, own_v = k[:, :, self.batch:].to(old_k.dtype), v[:, :, self.batch:].to(old_v.dtype)  # the chunk's
+        return (SplitKV(self.kv[j], torch.cat([old_k.index_select(0, self.slots), own_k], 2)),
+                SplitKV(self.kv[j + 1], torch.cat([old_v.index_select(0, self.slots), own_v], 2)))
 
     def _write(self, buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The decode tokens' K/V (x[:, :, :B], row i at its position), then the chunk's (x[:, :, B:])."""

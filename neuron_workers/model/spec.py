@@ -66,7 +66,7 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class GraphSpec:
-    phase: str  # prefill | decode | extend | draft
+    phase: str  # prefill | decode | extend | mixed | draft
     batch: int  # KV rows (slots); decode runs all of them, prefill writes one
     seq_len: int  # the prefill bucket, 1 for decode
     max_context: int
@@ -127,7 +127,8 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
               kv_heads: tuple[int, ...] | None = None, candidates: int = 0, rows: int = 0,
               per_position: bool = False, hidden: bool = False) -> GraphSpec:
     """Inputs of a prefill graph (seq_len = bucket, one prompt into one of `batch` slots) or of the
-    decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant)."""
+    decode graph (one token for each of the `batch` rows; `candidates` K > 0: the top-K variant); the extend
+    and mixed graphs' come from `extend_spec` and `mixed_spec`."""
     if phase not in (PREFILL, DECODE, EXTEND, DRAFT, MIXED):
         raise ValueError(f"unknown phase {phase!r}")
     if phase == DRAFT:

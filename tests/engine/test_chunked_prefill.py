@@ -2,7 +2,8 @@
 with odd and even chunk sizes, while another sequence decodes beside the chunks (one chunk per step, the other
 row gets a token every step, both in one mixed graph), at TP=1 and TP=2; the mixed graph equals a decode step and
 an extend step run one after the other, also beside a logprobs row (its `_logits` variant); seeded sampling is
-unchanged; the scheduler keeps FIFO order, one chunk per step and cancels at a chunk boundary. The extend graph's
+unchanged; a chunk whose inputs fail ends alone; the scheduler keeps FIFO order, one chunk per step and cancels at
+a chunk boundary. The extend graph's
 per-position candidates equal decode steps one token at a time, and it writes nothing outside its rows' new
 positions."""
 
@@ -233,3 +234,29 @@ def test_mixed_steps_run_beside_logprobs_rows_and_equal_separate_graphs(tiny_dir
     assert runs[0][0] == runs[1][0]
     assert runs[0][0] == [hf_greedy(ref, SHORT, 24), hf_greedy(ref, [2, 9, 8, 7], 24), hf_greedy(ref, LONG, 12)]
     assert torch.allclose(torch.tensor(runs[0][1]), torch.tensor(runs[1][1]), atol=1e-3)  # fp32 summation order
+
+
+def test_a_mixed_step_whose_chunk_inputs_fail_ends_only_that_sequence(tiny_dirs, monkeypatch):
+    """A host-side failure building the chunk's inputs (here a ContextLengthError forced into `extend_inputs`)
+    fails the chunking sequence with an error event; the decoding row gets its token that step and its greedy
+    tokens stay transformers'."""
+    from neuron_workers.engine import prefill
+    from neuron_workers.errors import ContextLengthError
+
+    d = tiny_dirs["gemma4-e2b-tiny"]
+    eng = engine(d, 5, max_batch=2)
+    p = SamplingParams
+    a = eng.new_sequence(SHORT, p(max_tokens=12, ignore_eos=True))
+    b = eng.new_sequence(LONG, p(max_tokens=4, ignore_eos=True))
+    eng.add(a)
+    toks, errors = [], []
+    for step in range(16):
+        if step == 2:
+            eng.add(b)
+            monkeypatch.setattr(prefill, "extend_inputs", lambda *a, **k: (_ for _ in ()).throw(
+                ContextLengthError("forced")))
+        for e in eng.step():
+            (errors if hasattr(e, "message") else toks).append(e)
+    assert [e.seq_id for e in errors] == [b.seq_id] and "forced" in errors[0].message
+    assert [e.token_id for e in toks if e.seq_id == a.seq_id] == hf_greedy(hf_reference(d), SHORT, 12)
+    assert b.finished and b.seq_id not in eng.scheduler.running

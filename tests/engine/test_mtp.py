@@ -211,7 +211,7 @@ def test_drafts_at_tp2(name, tiny_dirs, drafters):
     one KV head replicated; E4B-like: both split); drafts and tokens as transformers'."""
     eng = engine(tiny_dirs[name], drafters[name], 2, tp=2, prefill_chunk=6)
     try:
-        assert not eng.mixed_steps  # the mixed graph returns no hidden state: chunk steps verify, then extend
+        assert not eng.mixed_steps  # the mixed graph returns no hidden state: a chunk runs its extend graph
         rounds, propose = [], eng.drafter.propose_all
 
         def drafts(seqs, rooms):

@@ -99,11 +99,11 @@ def test_chunk_steps_run_the_mixed_graph_and_drafts_resume_after(tiny_dirs):
         events = eng.step()
         for e in events:
             toks[e.seq_id].append(e.token_id)
-        if chunking and not a.finished:
-            per_step.append(sum(e.seq_id == a.seq_id for e in events))
         verifies.append(eng.spec_draft_tokens > before)
+        if chunking and not a.finished:
+            per_step.append((sum(e.seq_id == a.seq_id for e in events), verifies[-1]))
     assert [toks[a.seq_id], toks[b.seq_id]] == [want[tuple(A)], want[tuple(long)][:12]]
-    assert len(per_step) >= 7 and set(per_step) == {1}  # 61 tokens in chunks of 8: one token of A each step
+    assert len(per_step) >= 7 and set(per_step) == {(1, False)}  # 61 tokens in chunks of 8: A's one token, no verify
     assert "mixed_3x8" in eng.backend._graphs and any(verifies[:4]) and any(verifies[4 + len(per_step):])
 
 

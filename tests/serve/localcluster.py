@@ -102,6 +102,46 @@ def ray_node(tmp: Path, name: str, resources: dict, head_port: int | None = None
     return Proc(args, tmp / f"{name}.log", cleanup=ray_tmp, env=env(**(extra_env or {})))
 
 
+STARTED = b"Ray runtime started."  # what `ray start` prints once its node is up (then --block blocks)
+
+
+def ray_head(tmp: Path, resources: dict, extra_env: dict | None = None, tries: int = 2) -> tuple[Proc, int]:
+    """A head node that has started, and its GCS port. Ray's own start can fail on a loaded host (its node
+    waits a fixed 30 s for the GCS to list it: "timed out during startup"), or a port picked here can be taken
+    before Ray binds it: the node then exits, and it is started again with fresh ports."""
+    for attempt in range(1, tries + 1):
+        gcs = free_port()
+        head = ray_node(tmp, "head" if attempt == 1 else f"head-{attempt}", resources, gcs_port=gcs,
+                        extra_env=extra_env)
+        if up(head):
+            return head, gcs
+    raise AssertionError(f"no Ray head after {tries} tries:\n{head.text()[-3000:]}")
+
+
+def ray_worker(tmp: Path, name: str, resources: dict, head_port: int, tries: int = 2) -> Proc:
+    """A node that has joined the head at `head_port` (started again, as in `ray_head`, when its start fails)."""
+    for attempt in range(1, tries + 1):
+        node = ray_node(tmp, name if attempt == 1 else f"{name}-{attempt}", resources, head_port=head_port)
+        if up(node):
+            return node
+    raise AssertionError(f"{name} did not join after {tries} tries:\n{node.text()[-3000:]}")
+
+
+def up(node: Proc, timeout: float = 120) -> bool:
+    """True once `node` says it is up; False, the node stopped (its log kept), when it exits first or takes
+    longer than `timeout`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if STARTED in node.log.read_bytes():
+            return True
+        if node.p.poll() is not None:
+            break
+        time.sleep(0.2)
+    node.stop()
+    print(f"{node.log.name} did not start:\n{node.text()[-600:]}")  # shown if the test fails
+    return False
+
+
 def write_config(tmp: Path, port: int, args: dict, deployments: list | None = None,
                  proxy_location: str = "HeadOnly", **http) -> Path:
     app = {"name": "gemma4", "route_prefix": "/", "import_path": "serve_app.app:build_app", "args": args}

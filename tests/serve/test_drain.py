@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from localcluster import free_port, ray_node, serve_run, wait_ready, write_config
+from localcluster import free_port, ray_head, serve_run, wait_ready, write_config
 
 pytestmark = pytest.mark.slow
 STEP_S = 0.05
@@ -86,8 +86,8 @@ def slow_clients_are_turned_away(port: int) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_drains_in_flight_requests_then_exits(tmp_path, sig):
-    gcs, port = free_port(), free_port()
-    head = ray_node(tmp_path, "head", {"neuron_cores": 0}, gcs_port=gcs)
+    head, gcs = ray_head(tmp_path, {"neuron_cores": 0})
+    port = free_port()
     cfg = write_config(tmp_path, port, {"accelerator_resource": "", "graceful_shutdown_timeout_s": DRAIN_S,
                                         "graceful_shutdown_wait_loop_s": 0.2, "models": [fake("m")],
                                         "max_header_bytes": 8192, "body_timeout_s": 1.0}, keep_alive_timeout_s=2)

@@ -11,7 +11,7 @@ import pytest
 
 from serve_app.ops.ray_env import CLUSTER, shed_env
 
-from localcluster import free_port, ray_node, serve_run, wait_ready, write_config
+from localcluster import free_port, ray_head, serve_run, wait_ready, write_config
 
 
 def half_open(port: int) -> socket.socket | None:
@@ -43,10 +43,10 @@ def test_more_half_open_heads_than_maxconn_do_not_keep_a_request_out(tmp_path):
     """HAProxy at maxconn 40 and 60 heads that never finish: the per-source cap (30) refuses half of them at
     once, `timeout http-request` (2 s) answers 408 to the rest, and a real request gets through in seconds
     (without the wrapper it waited for Serve's one-hour client timeout)."""
-    gcs, port = free_port(), free_port()
+    port = free_port()
     extra = {**CLUSTER, **shed_env(), "RAY_SERVE_HAPROXY_MAXCONN": "40", "GEMMA4_HAPROXY_HTTP_REQUEST_TIMEOUT_S": "2",
              "GEMMA4_HAPROXY_MAX_CONN_PER_SOURCE": "30"}
-    head = ray_node(tmp_path, "head", {"neuron_cores": 0}, gcs_port=gcs, extra_env=extra)
+    head, gcs = ray_head(tmp_path, {"neuron_cores": 0}, extra_env=extra)
     model = {"name": "m", "path": ".", "engine": "doubles.fake_engine:FakeEngine", "max_context": 256}
     cfg = write_config(tmp_path, port, {"accelerator_resource": "", "models": [model]})
     server = None

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from localcluster import ROOT, env, free_port, ray_node, serve_run, wait_ready, write_config
+from localcluster import ROOT, env, free_port, ray_head, ray_worker, serve_run, wait_ready, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode]
 HEAD = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}  # the router and `side` stay on the head
@@ -64,18 +64,18 @@ def outcome(status, body, n):
 
 
 def test_replicas_across_two_nodes_survive_losing_one(tmp_path):
-    gcs, port = free_port(), free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    head = ray_node(tmp_path, "head", {"neuron_cores": 2}, gcs_port=gcs)
-    worker = ray_node(tmp_path, "worker", {"neuron_cores": 2}, head_port=gcs)
+    head, gcs = ray_head(tmp_path, {"neuron_cores": 2})
     wide = fake("wide", backend="neuron", tp=2, artifacts="unused", min_replicas=2, max_replicas=2)
     cfg = write_config(tmp_path, port, {"models": [wide, fake("side")], "graceful_shutdown_wait_loop_s": 0.2,
                                         "graceful_shutdown_timeout_s": 5},
                        deployments=[{"name": "Router", "ray_actor_options": HEAD},
                                     {"name": "Model_side", "ray_actor_options": HEAD}])
-    server = None
+    server = worker = None
     try:
-        time.sleep(5)  # let the worker join before the builder counts the cluster's cores
+        worker = ray_worker(tmp_path, "worker", {"neuron_cores": 2}, gcs)
+        time.sleep(5)  # let the worker's resources reach the GCS before the builder counts the cluster's cores
         server = serve_run(tmp_path, cfg, gcs)
         before = wait_ready(url, 240, server, want=on_two_nodes, others=[head, worker])
         head_node = next(iter(nodes_of(before, "side")))
@@ -108,7 +108,7 @@ def test_replicas_across_two_nodes_survive_losing_one(tmp_path):
         assert lost["models"]["wide"] == "ready"
 
         worker.stop()  # already dead: close its log, remove its session directory
-        worker = ray_node(tmp_path, "worker2", {"neuron_cores": 2}, head_port=gcs)  # the machine returns
+        worker = ray_worker(tmp_path, "worker2", {"neuron_cores": 2}, gcs)  # the machine returns
         after = wait_ready(url, 240, server, want=on_two_nodes, others=[head, worker])
         assert head_node in nodes_of(after, "wide") and nodes_of(after, "wide") != nodes_of(before, "wide")
 
@@ -120,5 +120,6 @@ def test_replicas_across_two_nodes_survive_losing_one(tmp_path):
     finally:
         if server is not None:
             server.stop()
-        worker.stop()
+        if worker is not None:
+            worker.stop()
         head.stop()
