@@ -73,12 +73,25 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+PORTS = range(20000, 32000)  # above Ray's worker ports (10002-19999), below Linux's ephemeral range (32768-60999)
+
+
 def free_port() -> int:
+    """A port nothing listens on now, chosen at random outside the ephemeral range: a port the kernel hands out
+    (bind to 0) can be taken by any outgoing connection of Ray's processes before the test's server binds it
+    (HAProxy's stats port was, once in a loop of serve runs); these are only taken by an explicit bind."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(200):
+        port = random.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 @pytest.fixture(scope="session")

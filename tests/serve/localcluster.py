@@ -15,16 +15,10 @@ from pathlib import Path
 import httpx
 import yaml
 
+from conftest import free_port  # tests/ is on the path; ports outside the ephemeral range
+
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env(**extra) -> dict:

@@ -1,6 +1,6 @@
-"""The test harness's Ray node start (`localcluster.ray_head`): a node that exits during its start (as Ray's own
-start does when it times out on a loaded host) is started again with a fresh port; one that never starts fails
-with its log."""
+"""The test harness (`localcluster`): ports outside the ephemeral range; a Ray node that exits during its start
+(as Ray's own start does when it times out on a loaded host) is started again with a fresh port; one that never
+starts fails with its log."""
 
 from __future__ import annotations
 
@@ -40,3 +40,11 @@ def test_a_node_that_never_starts_fails_with_its_log(monkeypatch, tmp_path):
     fake_nodes(monkeypatch, tmp_path, ["print('no GCS'); raise SystemExit(1)"] * 2)
     with pytest.raises(AssertionError, match="did not join after 2 tries:\nno GCS"):
         localcluster.ray_worker(tmp_path, "worker", {}, 1234)
+
+
+def test_ports_come_from_outside_the_ephemeral_range():
+    """Ray's processes take ephemeral ports for their own connections at any time: a port the tests hand to a
+    server (HAProxy's stats port, the GCS) comes from a range only an explicit bind takes."""
+    low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    ports = {localcluster.free_port() for _ in range(50)}
+    assert all(not low <= p <= high and not 10002 <= p <= 19999 for p in ports) and len(ports) > 40
