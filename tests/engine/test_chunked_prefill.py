@@ -1,11 +1,10 @@
-"""Chunked prefill through the extend graph (fp32 / fp64, tiny checkpoints): greedy tokens equal transformers'
-with odd and even chunk sizes, while another sequence decodes beside the chunks (one chunk per step, the other
-row gets a token every step, both in one mixed graph), at TP=1 and TP=2; the mixed graph equals a decode step and
-an extend step run one after the other, also beside a logprobs row (its `_logits` variant); seeded sampling is
-unchanged; a chunk whose inputs fail ends alone; the scheduler keeps FIFO order, one chunk per step and cancels at
-a chunk boundary. The extend graph's
-per-position candidates equal decode steps one token at a time, and it writes nothing outside its rows' new
-positions."""
+"""Chunked prefill through the extend graph (fp32 / fp64, tiny checkpoints): greedy tokens equal transformers' with odd
+and even chunk sizes, while another sequence decodes beside the chunks (one chunk per step, the other row gets a
+token every step, both in one mixed graph), at TP=1 and TP=2; the mixed graph equals a decode step and an extend step
+run one after the other, also beside a logprobs row (its `_logits` variant); seeded sampling is unchanged; a chunk
+whose inputs fail ends alone; the scheduler keeps FIFO order, one chunk per step and cancels at a chunk boundary. The
+extend graph's per-position candidates equal decode steps one token at a time, and it writes nothing outside its
+rows' new positions."""
 
 from __future__ import annotations
 
