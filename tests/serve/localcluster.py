@@ -25,6 +25,9 @@ def env(**extra) -> dict:
     e = dict(os.environ)
     e.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1",
              PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), **extra)
+    # how long the GCS looks for a starting node before `ray start` gives up ("timed out during startup"): on a
+    # host running two test suites at once its first look took 68 s and found nothing
+    e.setdefault("RAY_raylet_start_wait_time_s", "120")
     # this node's HAProxy side ports, apart from any other Serve on this machine (the tests' own, other nodes)
     e["RAY_SERVE_HAPROXY_STATS_PORT"], e["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port()), str(free_port())
     e.pop("RAY_ADDRESS", None)
