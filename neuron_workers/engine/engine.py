@@ -57,7 +57,8 @@ class Engine(Texts, Prefills, Speculation):
         check_speculative_tokens(speculative_tokens, self.batch.ring, self.batch.window, self.max_context)
         self.spec_k = speculative_tokens  # prompt-lookup drafts per row and step (engine/speculate.py)
         # a chunk and the decode rows in one graph (`Prefills._mixed`; with prompt-lookup drafts that step decodes
-        # instead of verifying); not beside an MTP drafter (`factory.attach_mtp`), nor on artifacts built without it
+        # instead of verifying); not beside an MTP drafter that drafts (`factory.attach_mtp`), nor on artifacts
+        # built without it
         self.mixed_steps = bool(self.extend_t and getattr(backend, "mixed_steps", False))
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
