@@ -1,6 +1,6 @@
 """The stall a long prompt puts on running streams, with and without chunked prefill, side by side in one run.
 
-    python bench/prefill_stall.py [--dims tiny|12b|both] [--chunk N] [--repeat 3] [--threads 1]
+    python bench/prefill_stall.py [--dims tiny|12b|both] [--chunk N] [--repeat 3] [--threads 1] [--mtp K]
 
 Two streams decode; then a prompt of most of the context arrives. Per engine step the wall time is kept; the script
 prints the median decode step before the arrival, the longest step while the long prompt is being prefilled (until
@@ -14,7 +14,9 @@ shows (a step that takes the whole prompt is in every repeat; a descheduled proc
 modes are compared. `tiny`: the E4B-like tiny checkpoint, context 1024, prompt 1000 (chunk at most its ring, 16).
 `12b`: random bf16 weights at the real 12B widths (hidden 3840, 16 query heads, head_dim 256 / 512, vocab 262,144,
 window 1024) but 2 layers (one sliding, one full: the full 48 would not fit this box's RAM), context 1024, prompt
-1000.
+1000. `--mtp K` (tiny only): the streams speculate with a tiny random MTP drafter, K drafts a round, so a step
+before the arrival is K draft steps and a verify; while the prompt prefills, "2 graphs" is the chunk's extend
+graph then the drafts and the verify, "mixed" the mixed graph's `_h` variant (every row one token, no drafts).
 """
 
 from __future__ import annotations
@@ -77,15 +79,20 @@ def model_12b(layers: int = 2):
 MODES = ((0, False), (1, False), (1, True))  # (chunked, mixed): whole prompts, two graphs a step, the mixed graph
 
 
-def engines(which: str, chunk: int | None):
+def engines(which: str, chunk: int | None, mtp: int = 0):
     out = []
     if which == "tiny":
         from neuron_workers.testing.tiny import ensure_tiny
+        from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
         d = ensure_tiny(Path(tempfile.gettempdir()) / "gemma4-bench-tiny")["gemma4-e4b-tiny"]
+        draft = {}
+        if mtp:
+            out_dir = Path(tempfile.mkdtemp(prefix="gemma4-bench-drafter-"))
+            draft = {"draft_model": str(write_tiny_assistant(d, out_dir, seed=1)), "num_speculative_tokens": mtp}
         for chunked, mixed in MODES:
             eng = build_engine(EngineConfig(model=str(d), max_context=CTX, max_batch=3, prefill_chunk=chunk * chunked,
-                                            prefix_cache=False))  # the warm-up's prompt is the long one's start
+                                            prefix_cache=False, **draft))  # the warm-up's prompt is the long one's start
             eng.mixed_steps = mixed
             out.append(eng)
         return out
@@ -134,11 +141,15 @@ def main(argv=None) -> int:
                     "32 at 12b)")
     ap.add_argument("--repeat", type=int, default=3, help="measurements of each mode, taking turns (default 3)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mtp", type=int, default=0, metavar="K", help="tiny only: the streams speculate with a tiny "
+                    "MTP drafter, K drafts a round (default 0: plain decoding)")
     args = ap.parse_args(argv)
+    if args.mtp and args.dims != "tiny":
+        ap.error("--mtp needs --dims tiny (no drafter at the 12B widths here)")
     torch.set_num_threads(args.threads)
     prompt = [2] + [(7 * i + 3) % 500 + 5 for i in range(PROMPT - 1)]
     for which in (["tiny", "12b"] if args.dims == "both" else [args.dims]):
-        engs = engines(which, args.chunk or (16 if which == "tiny" else 32))
+        engs = engines(which, args.chunk or (16 if which == "tiny" else 32), args.mtp)
         for eng in engs:
             run(eng, prompt[:100], 2, 2)  # every graph built and used once (eager graphs are made on first use)
         rows = [[run(eng, prompt) for eng in engs] for _ in range(max(1, args.repeat))]
@@ -152,9 +163,10 @@ def main(argv=None) -> int:
 def report(which: str, eng, runs) -> None:
     """One line per repeat of one mode, then the least longest step over the repeats."""
     how = ("mixed" if eng.mixed_steps else "2 graphs") if eng.prefill_chunk else "whole"
-    label = f"{which}: prefill_chunk {eng.prefill_chunk or 'off':>4} ({how:>8})"
+    mtp = f" MTP K={eng.spec_k}" if eng.spec_k else ""
+    label = f"{which}{mtp}: prefill_chunk {eng.prefill_chunk or 'off':>4} ({how:>8})"
     for med, floor, worst, p95, med_during, steps, ttft, _ in runs:
-        print(f"{label}: decode step median {med * 1e3:7.1f} ms (longest {floor / med:4.2f}x); while a "
+        print(f"{label}: {'speculative' if mtp else 'decode'} step median {med * 1e3:7.1f} ms (longest {floor / med:4.2f}x); while a "
               f"{PROMPT}-token prompt prefills: longest step {worst * 1e3:8.1f} ms = {worst / med:6.2f}x (gap "
               f"{(worst - med) * 1e3:7.1f} ms), p95 {p95 / med:5.2f}x, median {med_during / med:5.2f}x, {steps} "
               f"steps, its TTFT {ttft:6.2f} s")

@@ -6,9 +6,9 @@
          trace + compile the graphs, write artifacts + manifest (a neuron build pins NEURON_RT_VISIBLE_CORES:
          --cores, else the variable, else the first tp cores; it adds the extend graphs extend_1xN and
          extend_1xN_logits of chunked prefill: N default 256 when the sliding ring holds it, 0 none, and
-         (unless an MTP drafter drafts) the mixed graphs mixed_BxN and mixed_BxN_logits, a chunk beside every
-         slot's decode token; with K the verify graph extend_BxK+1_all of speculative decoding; with an MTP
-         drafter (neuron) the draft graph and the _h variants of the candidate graphs: decode_h,
+         the mixed graphs mixed_BxN and mixed_BxN_logits, a chunk beside every slot's decode token; with K
+         the verify graph extend_BxK+1_all of speculative decoding; with an MTP drafter (neuron) the draft
+         graph and the _h variants of the candidate graphs: decode_h, extend_1xN_h, mixed_BxN_h,
          extend_BxK+1_all_h, K default 4)
   build  --config configs/inf2.yaml [--model NAME] [--jobs J]
          the same for the models of a serve config, with its tp, context, buckets, max_batch, dtype and

@@ -1,10 +1,10 @@
 """`compile build`: one pipeline for every backend. Load the checkpoint, expand the prefill buckets and the decode
 step (`decode_logits` with logits, `decode` with top-K candidates) into graphs, and for neuron the extend graphs
 of chunked prefill (`extend_1xT`, `extend_1xT_logits`, T the resolved `prefill_chunk`: default 256, 0 or a model
-whose sliding ring is smaller: none; unless an MTP drafter drafts (K > 0) also the mixed graphs `mixed_BxT` and
-`mixed_BxT_logits`, a chunk beside every slot's decode token) and, with `num_speculative_tokens` K, the verify
-graph `extend_{B}x{K+1}_all`, and with `draft_model` (an MTP drafter, neuron) the `_h` variants of the candidate
-graphs and the `draft` graph (K defaults to 4 then, as serving that drafter does), hand them to the backend's
+whose sliding ring is smaller: none; beside them the mixed graphs `mixed_BxT` and `mixed_BxT_logits`, a chunk
+beside every slot's decode token) and, with `num_speculative_tokens` K, the verify graph `extend_{B}x{K+1}_all`,
+and with `draft_model` (an MTP drafter, neuron) the `_h` variants of the candidate graphs (`mixed_BxT_h` too) and
+the `draft` graph (K defaults to 4 then, as serving that drafter does), hand them to the backend's
 builder with per-graph progress, and write the manifest that serving checks (with the extend graphs and their T
 as `extend_buckets`, and the drafter's facts). The cpu backend writes strict torch.export programs (.pt2) of the
 prefill and decode graphs only (no drafter), so the whole pipeline (build -> manifest -> load -> generate) runs
@@ -64,7 +64,7 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
     elif backend == "neuron":
         from neuron_workers.backends.neuron_build import build_neuron
 
-        extend = extend_shapes(batch, chunk, speculative_tokens(cfg), drafter is not None)
+        extend = extend_shapes(batch, chunk, speculative_tokens(cfg))
         flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend, drafter)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
@@ -78,13 +78,13 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
     return manifest
 
 
-def extend_shapes(batch: int, chunk: int, k: int, mtp: bool) -> list:
-    """The extend graphs of a neuron build: the chunk's (`chunk` 0: none), the mixed graphs beside them unless an
-    MTP drafter drafts (k > 0: they return no hidden state for its next round; with prompt-lookup drafts a chunk
-    step runs them instead of a verify), and the verify graph of k drafts (0: none)."""
+def extend_shapes(batch: int, chunk: int, k: int) -> list:
+    """The extend graphs of a neuron build: the chunk's (`chunk` 0: none), the mixed graphs beside them (a chunk
+    step runs them instead of a verify, with either drafter: beside an MTP drafter they are the `_h` variants,
+    which return the hidden states its next round reads), and the verify graph of k drafts (0: none)."""
     from neuron_workers.backends.neuron import chunk_shapes, mixed_shapes, verify_shapes
 
-    return chunk_shapes(chunk) + ([] if mtp and k else mixed_shapes(batch, chunk)) + verify_shapes(batch, k)
+    return chunk_shapes(chunk) + mixed_shapes(batch, chunk) + verify_shapes(batch, k)
 
 
 def load_drafter(cfg: EngineConfig, loaded, ctx: int, progress):

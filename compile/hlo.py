@@ -118,16 +118,16 @@ def sort_widths(hlo: str) -> list[int]:
 def graph_hlos(backend) -> dict[str, str]:
     """tag -> HLO text of every graph of an `XlaBackend` (prefill buckets, `decode_logits`, the top-K `decode`, and
     per extend bucket T: `extend_1xT`, `extend_1xT_logits`, `mixed_BxT`, `mixed_BxT_logits`, then `extend_Bx8_all`;
-    with a drafter the candidate graphs' `_h` variants instead and no mixed graphs, then `draft`), traced with zero
+    with a drafter the candidate graphs' `_h` variants instead, then `draft`), traced with zero
     host inputs as `compile build` traces them; nothing runs."""
     from neuron_workers.model.spec import DECODE, DRAFT, PREFILL
 
     hidden = backend.hidden_states
     specs = [backend.spec(PREFILL, b) for b in backend.buckets] + [backend.spec(DECODE)]
     specs += [backend.spec(DECODE, 1, backend.candidates, hidden=hidden)] if backend.candidates else []
-    for t in getattr(backend, "extend_buckets", ()):  # chunked prefill's graphs (mixed: not beside a drafter)
+    for t in getattr(backend, "extend_buckets", ()):  # chunked prefill's graphs
         specs += [backend.extend_spec(t, 1), backend.extend_spec(t, 1, logits=True)]
-        specs += [backend.mixed_spec(t), backend.mixed_spec(t, logits=True)] if not hidden else []
+        specs += [backend.mixed_spec(t), backend.mixed_spec(t, logits=True)]
     if backend.candidates:  # the verify shape of speculative decoding: every row, T = 8, per-position candidates
         t = min(VERIFY_T, backend.dims.ring_size(backend.max_context))
         specs.append(backend.extend_spec(t, backend.max_batch, per_position=True))

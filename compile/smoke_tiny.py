@@ -18,7 +18,8 @@ graphs, at tp=2 its layers split over the two cores) and then:
             best drafter logits (CPU) are further apart than 2 * LOGIT_TOL (`draft_check`)
   mixed     slot 0 holds a prompt and decodes one token while slot 1 takes a 16-token chunk, in one `mixed_2x16` step
             (and its `_logits` variant) on both backends with the same inputs: the decode row and the chunk's last
-            position compared as above (`mixed_check`)
+            position compared as above, and with the drafter (`mixed_2x16_h`) their hidden states within
+            HIDDEN_RTOL of the CPU's largest value (`mixed_check`)
 """
 
 from __future__ import annotations
@@ -136,11 +137,17 @@ def mixed_check(cpu, device, ple, window: int, chunk: int) -> tuple[bool, str]:
         for logits in (True, False):
             spec = b.mixed_spec(chunk, logits=logits)
             out[name, logits] = b.extend(spec, mixed_inputs(spec, decode, rows))
-    pick = [0, 2]
+    pick, tag = [0, 2], device.mixed_spec(chunk).tag
     ok_l, msg_l = compare_logits([out["cpu", True][pick]], [out["device", True][pick]], f"mixed_2x{chunk}_logits: ")
     ok_c, msg_c = compare_candidates([x[pick] for x in out["cpu", False][:2]],
-                                     [x[pick] for x in out["device", False][:2]], f"mixed_2x{chunk}: ")
-    return ok_l and ok_c, f"{msg_l}; {msg_c}"
+                                     [x[pick] for x in out["device", False][:2]], f"{tag}: ")
+    want_h, got_h = out["cpu", False].hidden, out["device", False].hidden
+    if got_h is None and want_h is None:
+        return ok_l and ok_c, f"{msg_l}; {msg_c}"
+    if got_h is None or want_h is None:
+        return False, f"{msg_l}; {msg_c}; {tag}: a hidden state from one backend only"
+    ok_h, msg_h = compare_hidden(want_h[pick], got_h[pick])
+    return ok_l and ok_c and ok_h, f"{msg_l}; {msg_c}; {tag}: {len(pick)} rows, {msg_h}"
 
 
 def draft_step(cpu, device, drafter: str) -> tuple[bool, str]:
@@ -179,14 +186,19 @@ def draft_check(cpu, device, positions: list[int]) -> tuple[bool, str]:
     want_ids, want_h = cpu.draft(ins)
     got_ids, got_h = device.draft(draft_inputs(device, positions, window))
     rows = len(positions)
-    worst = (got_h[:rows].float() - want_h[:rows].float()).abs().max().item()
-    scale = want_h[:rows].float().abs().max().item()
+    ok_h, msg_h = compare_hidden(want_h[:rows], got_h[:rows], "next ")
     margins = cpu.draft_graph.margins(*ins, *(cpu.kv[i] for i in cpu.draft_kv))[:rows]
     clear = margins > 2 * LOGIT_TOL
     same = clear & (want_ids[:rows, 0].long() == got_ids[:rows, 0].long())
-    ok = worst <= HIDDEN_RTOL * scale and int(same.sum()) == int(clear.sum())
-    return ok, (f"draft: {rows} rows, max |next hidden diff| {worst:.3f} (tolerance {HIDDEN_RTOL} x {scale:.2f}); "
-                f"draft id equal in {int(same.sum())}/{int(clear.sum())} clear rows")
+    ok = ok_h and int(same.sum()) == int(clear.sum())
+    return ok, f"draft: {rows} rows, {msg_h}; draft id equal in {int(same.sum())}/{int(clear.sum())} clear rows"
+
+
+def compare_hidden(want, got, what: str = "") -> tuple[bool, str]:
+    """Hidden states (device vs CPU): the largest |difference| within HIDDEN_RTOL of the CPU's largest |value|."""
+    worst = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item()
+    return worst <= HIDDEN_RTOL * scale, f"max |{what}hidden diff| {worst:.3f} (tolerance {HIDDEN_RTOL} x {scale:.2f})"
 
 
 def compare_logits(want: list, got: list, label: str = "") -> tuple[bool, str]:

@@ -89,8 +89,6 @@ def attach_mtp(engine: Engine, draft_model: str, dtype: torch.dtype) -> None:
     assistant = load_assistant(draft_model, dtype)
     engine.backend.attach_drafter(assistant)
     engine.drafter = MtpDrafter(engine.backend, engine.dims.hidden_size, assistant.model.config.sliding_window)
-    if engine.spec_k:  # the mixed graph returns no hidden state for the drafter's rounds: chunks run as extends
-        engine.mixed_steps = False
 
 
 def resolve_buckets(buckets: tuple[int, ...] | None, ctx: int) -> tuple[int, ...]:

@@ -88,8 +88,10 @@ class GraphBackend:
 
     def mixed_spec(self, t: int, logits: bool = False) -> GraphSpec:
         """The mixed graph: the decode tokens of all slots and `t` chunk tokens of one row in one step; top-K
-        candidates of its B + 1 rows, or their full logits (`logits`)."""
-        return self.spec(MIXED, t, 0 if logits or not self.candidates else self.candidates)
+        candidates of its B + 1 rows (and their hidden states beside an MTP drafter), or their full logits
+        (`logits`)."""
+        k = 0 if logits or not self.candidates else self.candidates
+        return self.spec(MIXED, t, k, hidden=self.hidden_states and bool(k))
 
     def extend(self, spec: GraphSpec, inputs):
         """Run an extend graph (`extend_spec`): its candidates (a `Candidates`) or logits [rows, vocab]."""

@@ -56,9 +56,8 @@ class Engine(Texts, Prefills, Speculation):
         self.scheduler = Scheduler(self.max_batch, budget, prefill_chunk, self.prefix, self.extend_t)
         check_speculative_tokens(speculative_tokens, self.batch.ring, self.batch.window, self.max_context)
         self.spec_k = speculative_tokens  # prompt-lookup drafts per row and step (engine/speculate.py)
-        # a chunk and the decode rows in one graph (`Prefills._mixed`; with prompt-lookup drafts that step decodes
-        # instead of verifying); not beside an MTP drafter that drafts (`factory.attach_mtp`), nor on artifacts
-        # built without it
+        # a chunk and the decode rows in one graph (`Prefills._mixed`; with a drafter that step decodes instead of
+        # verifying); not on artifacts built without it
         self.mixed_steps = bool(self.extend_t and getattr(backend, "mixed_steps", False))
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
@@ -154,8 +153,7 @@ class Engine(Texts, Prefills, Speculation):
             k = getattr(self.backend, "candidates", 0)  # the top-K decode graph, when no row needs the logits
             if k and not any(needs_logits(r, k) for r in rows if isinstance(r, Row)):
                 scores = self.backend.decode_candidates(inputs)
-                for s in running if scores.hidden is not None else ():
-                    self._keep_hidden(s, scores.hidden[s.slot], s.next_position)
+                self._keep_hiddens(scores, [(s.slot, s) for s in running])
             else:
                 scores = self.backend.decode(inputs)
             picks = self._pick(scores, rows)

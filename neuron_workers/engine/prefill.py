@@ -2,7 +2,8 @@
 tokens of a prompt through the extend graph (a chunk of chunked prefill, or the rest of a prompt whose prefix
 its slot already held), and what a slot keeps when its sequence ends (prefix reuse). While other rows decode,
 such a piece runs in the mixed graph with their decode tokens (`_mixed`: one graph, so a chunk step costs
-about one decode step). Needs the engine's `backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`,
+about one decode step; beside an MTP drafter its `_h` variant, which returns the hidden states the rows' next
+round of drafts reads). Needs the engine's `backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`,
 `extend_t`, `mixed_steps` and its sampling helpers."""
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Prefills:
             self.batch.park(seq.slot, seq.prefilled)
             return None
         self.batch.start(seq.slot, len(seq.prompt_ids))
+        self._keep_hiddens(scores, [(0, seq)])
         return self._emit(seq, self._pick(scores, rows)[0])
 
     def _mixable(self, work: list[tuple[Sequence, int]], decoding: int) -> int | None:
@@ -89,8 +91,16 @@ class Prefills:
             self.batch.start(seq.slot, len(seq.prompt_ids))
         else:
             self.batch.park(seq.slot, seq.prefilled)
+        self._keep_hiddens(scores, [(s.slot, s) for s in running] + ([(self.max_batch, seq)] if last else []))
         todo = list(zip(running, picks)) + ([(seq, picks[-1])] if last else [])
         return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in todo]
+
+    def _keep_hiddens(self, scores, rows: list[tuple[int, Sequence]]) -> None:
+        """Beside an MTP drafter (the `_h` graphs): each (row of `scores`, sequence)'s hidden state at the position
+        it was fed, which its next round of drafts reads (no plain decode step first)."""
+        hidden = getattr(scores, "hidden", None)
+        for row, s in rows if hidden is not None else ():
+            self._keep_hidden(s, hidden[row], s.next_position)
 
     def _mixed_inputs(self, spec, seq: Sequence, n: int, running: list[Sequence]) -> tuple:
         """The mixed graph's inputs: every slot's decode row (`seq`'s parked at its chunk's first position, which

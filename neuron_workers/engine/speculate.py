@@ -11,9 +11,9 @@ them until they are overwritten, and a ring overwrites with them only entries at
 tiny models 8) behind, which no later query reads, so k is at most the ring slack.
 
 A step with a chunk of a prompt to prefill runs the mixed graph instead (`Prefills._mixed`: every running row
-decodes one token, no row verifies that step, so the chunk's stall stays one graph); with the MTP drafter,
-whose rounds need the hidden state the mixed graph does not return, the chunk's extend graph runs first, then
-the drafts and the verify.
+decodes one token, no row verifies that step, so the chunk's stall stays one graph); beside the MTP drafter
+that is its `_h` variant, which returns the hidden state each row's next round reads, so drafting resumes the
+step after (and a prompt whose last piece ran there drafts from its first step).
 
 With `draft_model` the drafts come from the MTP drafter (`engine/mtp.py`: k draft steps over all slots
 before the verify); its sliding layers read one ring entry more than the target's (W + 1 keys), so k is

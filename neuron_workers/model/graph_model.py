@@ -131,7 +131,7 @@ class NeuronGraphModel(nn.Module):
         """The graph key (phase, candidates, per_position, hidden) the module's switches name for `phase`."""
         k = 0 if phase == PREFILL else self.candidates
         if phase == EXTEND and self.mixed:
-            return MIXED, k, False, False
+            return MIXED, k, False, bool(self.hidden and k)
         return phase, k, bool(phase == EXTEND and self.per_position and k), bool(self.hidden and k)
 
     def _draft(self, host: list[torch.Tensor]):
@@ -148,8 +148,8 @@ class NeuronGraphModel(nn.Module):
 def variant_specs(dims, max_context: int, max_batch: int, dtype: torch.dtype, kv_heads=None) -> dict:
     """(phase, candidates, per_position, hidden) -> the spec of one graph variant the module runs. Extend: one
     wrapper per head (logits, last candidates, every position's; the candidate ones with and without the hidden
-    state); T and R come from the inputs. Decode: logits, top-K, top-K with the hidden state. Mixed: logits, top-K
-    (its inputs are an extend graph's: `mixed` says which)."""
+    state); T and R come from the inputs. Decode and mixed: logits, top-K, top-K with the hidden state (the mixed
+    graph's inputs are an extend graph's: `mixed` says which)."""
     k = decode_candidates(dims)
 
     def spec(phase, seq_len, kk=0, every=False, hidden=False):
@@ -158,9 +158,9 @@ def variant_specs(dims, max_context: int, max_batch: int, dtype: torch.dtype, kv
 
     specs = {(PREFILL, 0, False, False): spec(PREFILL, 2), (DECODE, 0, False, False): spec(DECODE, 1),
              (EXTEND, 0, False, False): spec(EXTEND, 1)}
-    for kk in (0, k):
-        specs[(MIXED, kk, False, False)] = spec(MIXED, 1, kk)
+    specs[(MIXED, 0, False, False)] = spec(MIXED, 1)
     for hidden in (False, True):
+        specs[(MIXED, k, False, hidden)] = spec(MIXED, 1, k, hidden=hidden)
         specs[(DECODE, k, False, hidden)] = spec(DECODE, 1, k, hidden=hidden)
         for every in (False, True):
             specs[(EXTEND, k, every, hidden)] = spec(EXTEND, 1, k, every, hidden)

@@ -15,10 +15,11 @@ Extend (`extend_{R}x{T}`, `_logits`, `_all`): R rows of T new tokens each, atten
 hold plus causally within the chunk, writing T positions per row (chunked prefill; speculative verify with
 per-position candidates, `per_position`).
 
-Mixed (`mixed_{B}x{T}`, `_logits`; `model.mixed_kv`): one decode token for each of the B slots and T new tokens
-of one row (a chunk of chunked prefill) in one graph, one token axis of B + T: the linear layers and the MLP read
-each weight once for both, attention is split (the decode tokens as in `decode`, the chunk as in `extend`), and
-the head runs on the B decode rows and the chunk's last real position (B + 1 rows).
+Mixed (`mixed_{B}x{T}`, `_logits`, `_h`; `model.mixed_kv`): one decode token for each of the B slots and T new
+tokens of one row (a chunk of chunked prefill) in one graph, one token axis of B + T: the linear layers and the MLP
+read each weight once for both, attention is split (the decode tokens as in `decode`, the chunk as in `extend`),
+and the head runs on the B decode rows and the chunk's last real position (B + 1 rows); `_h` (beside an MTP
+drafter) also returns those rows' hidden states, as `decode_h` does.
 
 Draft (`draft`, with an MTP drafter: `draft_graph.DraftGraph`): one draft token for every row from its token and a
 hidden state, over the KV of the target's store layers, read-only; its inputs are host inputs only and its
@@ -87,7 +88,8 @@ class GraphSpec:
             head = ("_all" if self.per_position else "") if self.candidates else "_logits"
             return f"extend_{self.rows}x{self.seq_len}{head}{'_h' if self.hidden else ''}"
         if self.phase == MIXED:
-            return f"mixed_{self.batch}x{self.seq_len}{'' if self.candidates else '_logits'}"
+            head = ("_h" if self.hidden else "") if self.candidates else "_logits"
+            return f"mixed_{self.batch}x{self.seq_len}{head}"
         return (f"{DECODE}{'_h' if self.hidden else ''}") if self.candidates else DECODE_LOGITS
 
     @property
@@ -136,14 +138,14 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
             raise ValueError("the draft graph has no variants")
         return draft_spec(dims, batch, max_context, dtype, id_dtype)
     if candidates and (phase == PREFILL or not 0 < candidates <= dims.vocab_size):
-        raise ValueError(f"candidates={candidates}: only decode and extend have them, at most the vocabulary")
+        raise ValueError(f"candidates={candidates}: only decode, extend and mixed have them, at most the vocabulary")
     if hidden and not candidates:
-        raise ValueError("the hidden state comes with candidates (decode and extend)")
+        raise ValueError("the hidden state comes with candidates (decode, extend and mixed)")
     ring = dims.ring_size(max_context)
     if phase == MIXED:
-        if rows or per_position or hidden:
-            raise ValueError("the mixed graph has no rows, per-position or hidden variants")
-        return mixed_spec(dims, batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates)
+        if rows or per_position:
+            raise ValueError("the mixed graph has no rows or per-position variants")
+        return mixed_spec(dims, batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates, hidden)
     if phase == EXTEND:
         return extend_spec(dims, batch, rows or batch, seq_len, max_context, dtype, id_dtype, kv_heads, candidates,
                            per_position, hidden)
@@ -201,12 +203,12 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
 
 
 def mixed_spec(dims: ModelDims, batch: int, t: int, max_context: int, dtype: torch.dtype, id_dtype: torch.dtype,
-               kv_heads, candidates: int) -> GraphSpec:
+               kv_heads, candidates: int, hidden: bool = False) -> GraphSpec:
     """The mixed graph (`mixed_kv.MixedKV`): tokens [0, B) are the B slots' decode tokens (slot i's at index i),
     tokens [B, B + T) one row's chunk (`slots` [1], `last_idx` [1] its last real index). Mask rows follow the
     tokens: a decode token's mask_full row is its slot's decode mask, its mask_sliding row the slot's ring mask
     (ring columns, then T masked ones); a chunk token's rows are the extend graph's. Outputs: B + 1 rows (the B
-    slots, then the chunk's last position)."""
+    slots, then the chunk's last position); `hidden`: their hidden states [B + 1, H] after the candidates."""
     ring = dims.ring_size(max_context)
     if not 1 <= t <= min(ring, max_context):
         raise ValueError(f"mixed {batch}x{t}: T must be in [1, {min(ring, max_context)}] (the ring)")
@@ -221,9 +223,10 @@ def mixed_spec(dims: ModelDims, batch: int, t: int, max_context: int, dtype: tor
     if candidates:
         head = (TensorSpec("candidate_values", (batch + 1, candidates), dtype),
                 TensorSpec("candidate_ids", (batch + 1, candidates), id_dtype))
+        head += (TensorSpec("hidden", (batch + 1, dims.hidden_size), dtype),) if hidden else ()
     else:
         head = (TensorSpec("logits", (batch + 1, dims.vocab_size), dtype),)
-    return GraphSpec(MIXED, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates)
+    return GraphSpec(MIXED, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, hidden=hidden)
 
 
 def draft_spec(dims: ModelDims, batch: int, max_context: int, dtype: torch.dtype,

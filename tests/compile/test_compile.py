@@ -286,16 +286,14 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
     assert json.loads(capsys.readouterr().out)["token_ids"] == neuron and len(neuron) == 12
 
 
-def test_neuron_extend_shapes_keep_the_mixed_graphs_beside_prompt_lookup_drafts():
-    """The mixed graphs are built with every chunk size, beside prompt-lookup drafts too (a chunk step runs them
-    instead of a verify); not beside an MTP drafter that drafts (they return no hidden state for its rounds)."""
+def test_neuron_extend_shapes_keep_the_mixed_graphs_beside_drafts():
+    """The mixed graphs are built with every chunk size, beside drafts too (a chunk step runs them instead of a
+    verify; beside an MTP drafter the build traces their `_h` variants: `test_smoke`)."""
     chunk, mixed = [(1, 16, "last"), (1, 16, "logits")], [(2, 16, "mixed"), (2, 16, "mixed_logits")]
     verify = [(2, 4, "all")]
-    assert list(map(tuple, extend_shapes(2, 16, 0, False))) == chunk + mixed
-    assert list(map(tuple, extend_shapes(2, 16, 3, False))) == chunk + mixed + verify
-    assert list(map(tuple, extend_shapes(2, 16, 3, True))) == chunk + verify
-    assert list(map(tuple, extend_shapes(2, 16, 0, True))) == chunk + mixed  # a drafter with no drafts
-    assert list(map(tuple, extend_shapes(2, 0, 3, False))) == verify
+    assert list(map(tuple, extend_shapes(2, 16, 0))) == chunk + mixed
+    assert list(map(tuple, extend_shapes(2, 16, 3))) == chunk + mixed + verify
+    assert list(map(tuple, extend_shapes(2, 0, 3))) == verify
 
 
 def test_neuron_build_with_an_mtp_drafter_traces_and_serves_the_draft_and_verify_graphs(tiny_dirs, tmp_path, capsys):

@@ -87,7 +87,8 @@ def test_candidates_compare_by_rank_and_best_id_where_clear():
 
 
 class Skewed:
-    """A backend whose extend graphs return what they should plus `bias` (logits, or candidate values)."""
+    """A backend whose extend graphs return what they should plus `bias` (logits, or candidate values and the
+    hidden state of the `_h` graphs)."""
 
     def __init__(self, backend, bias: float):
         self.inner, self.bias = backend, bias
@@ -97,7 +98,10 @@ class Skewed:
 
     def extend(self, spec, inputs):
         out = self.inner.extend(spec, inputs)
-        return Candidates(out.values.float() + self.bias, out.ids) if spec.candidates else out.float() + self.bias
+        if not spec.candidates:
+            return out.float() + self.bias
+        hidden = None if out.hidden is None else out.hidden.float() + self.bias
+        return Candidates(out.values.float() + self.bias, out.ids, hidden)
 
     def draft(self, inputs):
         ids, hidden = self.inner.draft(inputs)
@@ -108,7 +112,7 @@ class Skewed:
 def test_extend_and_draft_checks_compare_with_the_cpu(tiny_dirs, tmp_path, bias, ok):
     """The smoke test's extend, draft and mixed steps on two CPU backends: equal graphs pass (with clear rows, so the
     argmax and best-id checks are not empty), and outputs off by more than the tolerance fail, in both extend
-    variants and in the drafter's next hidden state."""
+    variants, in the drafter's next hidden state and in the `_h` mixed graph's hidden states."""
     from neuron_workers.model.assistant import load_assistant
     from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
@@ -130,8 +134,9 @@ def test_extend_and_draft_checks_compare_with_the_cpu(tiny_dirs, tmp_path, bias,
     assert ("max |next hidden diff| 0.000" if ok else "max |next hidden diff| 1.000") in detail, detail
     got, detail = smoke_tiny.mixed_check(ref.backend, Skewed(dev.backend, bias), dev.model.ple,
                                          dev.dims.sliding_window, smoke_tiny.CHUNK)
-    assert got == ok and "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16: 256 candidates" in detail, detail
+    assert got == ok and "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16_h: 256 candidates" in detail, detail
     assert ("max |logit diff| 0.000" if ok else "max |logit diff| 1.000") in detail, detail
+    assert f"mixed_2x16_h: 2 rows, max |hidden diff| {bias:.3f}" in detail, detail
 
 
 @pytest.mark.slow
@@ -139,16 +144,17 @@ def test_tp1_step_runs_against_the_double():
     """The tiny tp=1 step end to end against the double: teacher-forced logits, the top-K `decode_h` against
     `decode_logits`, the extend graphs (built for a 16-token chunk, the top-K one as `_h`: the build has a tiny
     MTP drafter) against the CPU backend's extend, one draft step of both slots against the CPU's, and a mixed
-    step (a decode row and a chunk) in both mixed graphs against the CPU's."""
+    step (a decode row and a chunk) in both mixed graphs (the top-K one as `_h`) against the CPU's."""
     with neuron_double.installed() as calls:
         ok, detail = smoke._run_step("tp1").values()
     assert ok, detail
     assert detail.startswith("tp=1: ") and "argmax equal in" in detail and "tokens equal" in detail
     assert "extend_1x16_logits: 1 calls" in detail and "best id equal in 1/1 clear rows" in detail
     assert "draft: 2 rows, max |next hidden diff| 0.000" in detail and "draft id equal in 1/1 clear rows" in detail
-    assert "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16: 256 candidates" in detail
+    assert "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16_h: 256 candidates" in detail
+    assert "mixed_2x16_h: 2 rows, max |hidden diff| 0.000" in detail
     traced = [c[1] for c in calls if c[0] == "trace"]
-    assert traced[-5:] == ["extend_1x16_h", "extend_1x16_logits", "mixed_2x16", "mixed_2x16_logits", "draft"]
+    assert traced[-5:] == ["extend_1x16_h", "extend_1x16_logits", "mixed_2x16_h", "mixed_2x16_logits", "draft"]
     ran = {c[1] for c in calls if c[0] == "forward"}
-    assert {"decode_h", "decode_logits", "extend_1x16_h", "extend_1x16_logits", "mixed_2x16", "mixed_2x16_logits",
+    assert {"decode_h", "decode_logits", "extend_1x16_h", "extend_1x16_logits", "mixed_2x16_h", "mixed_2x16_logits",
             "draft"} <= ran

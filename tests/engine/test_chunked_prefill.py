@@ -153,11 +153,12 @@ def test_extend_per_position_equals_decode_steps_and_touches_only_its_positions(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("logits", [False, True])
-def test_mixed_graph_equals_a_decode_step_then_the_chunk(name, logits, tiny_dirs):
+@pytest.mark.parametrize("head", ["candidates", "logits", "hidden"])
+def test_mixed_graph_equals_a_decode_step_then_the_chunk(name, head, tiny_dirs):
     """One mixed graph (every slot's decode token + a 5-token chunk padded to T = 8) gives the decode step's
     candidates (or logits) for the decoding slots, the extend graph's for the chunk's last position, and the same
-    KV buffers as the two graphs run one after the other (the chunking slot's decode row parked at the chunk)."""
+    KV buffers as the two graphs run one after the other (the chunking slot's decode row parked at the chunk);
+    its `_h` variant (beside an MTP drafter) also the hidden states of `decode_h` and `extend_1x8_h`."""
     from neuron_workers.backends.cpu import CpuBackend
     from neuron_workers.model.extend_inputs import mixed_inputs
     from neuron_workers.model.host_inputs import DecodeBatch
@@ -168,8 +169,11 @@ def test_mixed_graph_equals_a_decode_step_then_the_chunk(name, logits, tiny_dirs
     prompt, chunk, window = LONG[:20], [11, 12, 13, 14, 15], model.dims.sliding_window
     heads = {0: [3, 4, 5, 6, 7, 8, 9, 10, 11], 2: [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]}
 
+    logits = head == "logits"
+
     def fresh():
         be = CpuBackend(model.hf_lm, model.dims, 64, (32,), max_batch=3)
+        be.hidden_states = head == "hidden"  # as with an MTP drafter attached: the `_h` candidate graphs
         batch = DecodeBatch(be.spec(DECODE), model.ple, window)
         for slot, ids in [(0, heads[0]), (1, prompt), (2, heads[2])]:
             be.prefill(32, prefill_inputs(be.spec(PREFILL, 32), ids, model.ple, window, slot))
@@ -185,7 +189,7 @@ def test_mixed_graph_equals_a_decode_step_then_the_chunk(name, logits, tiny_dirs
 
     mix, batch = fresh()
     spec = mix.mixed_spec(8, logits=logits)
-    assert spec.tag == f"mixed_3x8{'_logits' if logits else ''}"
+    assert spec.tag == "mixed_3x8" + {"candidates": "", "logits": "_logits", "hidden": "_h"}[head]
     decode = dict(zip(batch.names, batch.inputs(decoding)))
     one = ref.extend_spec(8, 1)
     rows = {x.name: v for x, v in zip(one.host_inputs, extend_inputs(one, [(1, chunk, len(prompt))], model.ple,
@@ -198,6 +202,12 @@ def test_mixed_graph_equals_a_decode_step_then_the_chunk(name, logits, tiny_dirs
     assert torch.allclose(got[3], want_ext[0], atol=2e-3)
     if not logits:
         assert torch.equal(out.ids[[0, 2], :8], dec.ids[[0, 2], :8]) and torch.equal(out.ids[3, :8], ext.ids[0, :8])
+    if head == "hidden":  # [B + 1, H], as the values
+        assert out.hidden.shape == (4, model.dims.hidden_size) and dec.hidden is not None and ext.hidden is not None
+        assert torch.allclose(out.hidden[[0, 2]], dec.hidden[[0, 2]], atol=2e-3)
+        assert torch.allclose(out.hidden[3], ext.hidden[0], atol=2e-3)
+    else:
+        assert logits or out.hidden is None
     for a, b in zip(mix.kv, ref.kv):
         assert torch.allclose(a, b, atol=1e-5)
 

@@ -158,6 +158,57 @@ def test_engine_drafts_and_greedy_tokens_equal_transformers(name, tiny_dirs, dra
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
+def test_chunks_beside_drafting_rows_run_the_mixed_graph_and_drafting_resumes(name, tiny_dirs, drafters):
+    """A prompt chunked by 6 beside a row that drafts: each of its chunk steps beside that row is one
+    `mixed_3x6_h` graph (the row decodes one token, nothing verifies), which returns the hidden states the next
+    round reads, so the first step after the last chunk drafts for both rows with no plain decode step first (a
+    prompt chunked alone too: `extend_1x6_h`); every hidden state a ready row holds is transformers', every round
+    of drafts is transformers' assistant's, and the greedy tokens are transformers'."""
+    eng = engine(tiny_dirs[name], drafters[name], 3, prefill_chunk=6)
+    assert eng.mixed_steps
+    target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
+    log, rounds, held, propose, extend = [], [], [], eng.drafter.propose_all, eng.backend.extend
+
+    def drafts(seqs, rooms):
+        ready = [s for s in seqs if eng.drafter.ready(s)]
+        log.append(("draft", sorted(len(s.prompt_ids) for s in ready)))
+        held.extend((s.prompt_ids + s.output_ids, s.hidden) for s in ready)
+        got = propose(seqs, rooms)
+        rounds.extend((s.prompt_ids + s.output_ids, got[s.seq_id]) for s in seqs if got[s.seq_id])
+        return got
+
+    def graph(spec, inputs):
+        log.append(("graph", spec.tag))
+        return extend(spec, inputs)
+
+    eng.drafter.propose_all, eng.backend.extend = drafts, graph
+    assert run(eng, [(C, 20, None), (A, 30, None)]) == [hf_greedy(target, C, 20), hf_greedy(target, A, 30)]
+    mixed = [i for i, e in enumerate(log) if e == ("graph", "mixed_3x6_h")]
+    assert len(mixed) >= 3 and not any(e[0] == "draft" for e in log[mixed[0]:mixed[-1]]), log  # no verify between
+    after = next(e for e in log[mixed[-1] + 1:] if e[0] == "draft")
+    assert after == ("draft", [len(C), len(A)]), log  # both ready: no plain decode step after the chunks
+    assert len(rounds) >= 3 and len(held) >= 4
+    check_rounds(target, assistant, rounds, held)
+    log.clear(), rounds.clear(), held.clear()
+    solo = [2] + [(7 * i) % 60 + 3 for i in range(17)]  # chunked alone: its last chunk is `extend_1x6_h`
+    assert run(eng, [(solo, 6, None)]) == [hf_greedy(target, solo, 6)]
+    assert ("graph", "extend_1x6_h") in log and next(e for e in log if e[0] == "draft") == ("draft", [len(solo)])
+    check_rounds(target, assistant, rounds, held)
+
+
+def check_rounds(target, assistant, rounds, held) -> None:
+    """Every round of drafts is transformers' assistant's; every hidden state a ready row held is transformers'."""
+    assert rounds and held
+    with torch.no_grad():
+        for tokens, drafted in rounds:
+            assert drafted == reference_drafts(target, assistant, tokens, len(drafted)), len(tokens)
+        for tokens, hidden in held:
+            h = target(torch.tensor([tokens[:-1]]), output_hidden_states=True, use_cache=False).hidden_states[-1]
+            torch.testing.assert_close(hidden, h[0, -1], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
 def test_transformers_assisted_generate_with_the_same_drafter(name, tiny_dirs, drafters):
     """transformers' `generate(assistant_model=...)` with the same drafter (3 drafts a round): its greedy tokens
     equal the engine's with that drafter, past the window. Its rounds (its candidate generator recorded), inside
@@ -211,7 +262,7 @@ def test_drafts_at_tp2(name, tiny_dirs, drafters):
     one KV head replicated; E4B-like: both split); drafts and tokens as transformers'."""
     eng = engine(tiny_dirs[name], drafters[name], 2, tp=2, prefill_chunk=6)
     try:
-        assert not eng.mixed_steps  # the mixed graph returns no hidden state: a chunk runs its extend graph
+        assert eng.mixed_steps  # a chunk beside drafting rows: `mixed_3x6_h`
         rounds, propose = [], eng.drafter.propose_all
 
         def drafts(seqs, rooms):

@@ -135,8 +135,9 @@ def test_the_tiled_top_k_at_the_real_width_sorts_no_row_wider_than_the_tile(batc
 def test_with_a_drafter_the_draft_graph_writes_no_kv_and_the_h_graphs_write_as_before(tiny_dirs, tmp_path):
     """E2B-like (PLE: the draft's placeholder input), batch 3, bf16, `compile hlo --draft-model`: `draft` takes every
     KV buffer and returns each untouched (a write or a whole-buffer select would fail this), with no 64-bit tensor
-    wider than its rows' candidate ids and no sort wider than the centroids' tiles; `decode_h` and the verify
-    `extend_3x8_all_h` write each KV buffer as `decode` and `extend_3x8_all` do, and return nothing unchanged."""
+    wider than its rows' candidate ids and no sort wider than the centroids' tiles; `decode_h`, the mixed
+    `mixed_3x16_h` and the verify `extend_3x8_all_h` write each KV buffer as `decode`, `mixed_3x16` and
+    `extend_3x8_all` do, and return nothing unchanged."""
     from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
     name = "gemma4-e2b-tiny"
@@ -146,13 +147,13 @@ def test_with_a_drafter_the_draft_graph_writes_no_kv_and_the_h_graphs_write_as_b
                          "--max-context", str(CTX), "--prefill-buckets", "32", "--draft-model", str(drafter)]) == 0
     report = json.loads((out / "audit.json").read_text())
     assert list(report) == ["prefill_32", "decode_logits", "decode_h", "extend_1x16_h", "extend_1x16_logits",
-                            "extend_3x8_all_h", "draft"]
+                            "mixed_3x16_h", "mixed_3x16_logits", "extend_3x8_all_h", "draft"]
     eng = build_engine(EngineConfig(model=str(tiny_dirs[name]), backend="xla", max_context=CTX, prefill_buckets=(32,),
                                     max_batch=BATCH, dtype="bfloat16"))
     try:
         shapes = kv_shapes(eng.backend)
         plain = {s.tag: audit(eng.backend.hlo(s, tuple(t.zeros() for t in s.host_inputs)), shapes)
-                 for s in (eng.backend.spec("decode", 1, eng.backend.candidates),
+                 for s in (eng.backend.spec("decode", 1, eng.backend.candidates), eng.backend.mixed_spec(16),
                            eng.backend.extend_spec(8, BATCH, per_position=True))}
     finally:
         eng.close()
@@ -162,6 +163,6 @@ def test_with_a_drafter_the_draft_graph_writes_no_kv_and_the_h_graphs_write_as_b
     candidates = 4 * 512 // 16  # centroid_top_k clusters of vocab / num_centroids tokens
     assert "f64" not in draft["wide"] and draft["wide"].get("s64", 0) <= BATCH * candidates, draft["wide"]
     assert draft["widest_sort"] <= 16 and draft["constant_elements"] <= MAX_CONSTANT_ELEMENTS  # 16 centroids
-    for tag, base in (("decode_h", "decode"), ("extend_3x8_all_h", "extend_3x8_all")):
+    for tag, base in (("decode_h", "decode"), ("mixed_3x16_h", "mixed_3x16"), ("extend_3x8_all_h", "extend_3x8_all")):
         assert sorted(report[tag]["kv_scatter_update_elements"]) == sorted(plain[base]["kv_scatter_update_elements"])
         assert report[tag]["kv_passed_through"] == 0 and report[tag]["kv_selects"] == 0, tag

@@ -143,10 +143,11 @@ def test_fp32_speculative_verify_through_the_extend_graph_equals_the_cpu_backend
 
 @pytest.mark.parametrize("name", ["gemma4-e2b-tiny", "gemma4-12b-tiny"])  # PLE (the draft's placeholder) and not
 def test_fp32_mtp_drafts_and_tokens_equal_the_cpu_backend(name, tiny_dirs, tmp_path):
-    """An MTP drafter (`draft_model`, a tiny random assistant, 3 drafts a step) on the twin: the module runs the
-    `draft` graph over its KV state and the `_h` candidate graphs (`decode_h`, the verify `extend_3x4_all_h`), and
-    every round of drafts and every greedy token equals the CPU backend's (the drafts read the hidden states the
-    twin's `_h` graphs returned); one XLA program per graph, no fallback."""
+    """An MTP drafter (`draft_model`, a tiny random assistant, 3 drafts a step) on the twin, prompts chunked by 7:
+    the module runs the `draft` graph over its KV state and the `_h` candidate graphs (`decode_h`, the verify
+    `extend_3x4_all_h`, and `mixed_3x7_h` for the chunks beside drafting rows), and every round of drafts and every
+    greedy token equals the CPU backend's (the drafts read the hidden states the twin's `_h` graphs returned); one
+    XLA program per graph, no fallback."""
     from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
     drafter = write_tiny_assistant(tiny_dirs[name], tmp_path / "drafter", seed=1)
@@ -154,7 +155,7 @@ def test_fp32_mtp_drafts_and_tokens_equal_the_cpu_backend(name, tiny_dirs, tmp_p
     for backend in ("cpu", "xla"):
         eng = build_engine(EngineConfig(model=str(tiny_dirs[name]), backend=backend, max_context=CTX,
                                         prefill_buckets=BUCKETS, max_batch=BATCH, draft_model=str(drafter),
-                                        num_speculative_tokens=3))
+                                        num_speculative_tokens=3, prefill_chunk=7))
         rounds, propose = [], eng.drafter.propose_all
 
         def drafts(seqs, rooms, propose=propose, rounds=rounds):
@@ -168,7 +169,8 @@ def test_fp32_mtp_drafts_and_tokens_equal_the_cpu_backend(name, tiny_dirs, tmp_p
     assert got == want and xla_rounds == cpu_rounds and xla.drafter.steps >= 10
     assert sum(len(d) for r in xla_rounds for _, d in r) > 20  # drafts made (a random drafter: mostly rejected)
     twin = xla.backend
-    assert {"draft", "decode_h", "extend_3x4_all_h"} <= set(twin.graph_hashes) and "decode" not in twin.graph_hashes
+    assert {"draft", "decode_h", "extend_3x4_all_h", "mixed_3x7_h"} <= set(twin.graph_hashes), twin.graph_hashes
+    assert not {"decode", "mixed_3x7"} & set(twin.graph_hashes)
     assert all(len(h) == 1 for h in twin.graph_hashes.values()), twin.graph_hashes
     assert all(n <= 1 for n in twin.compiles.values()) and twin.fallback_ops() == {}, (twin.compiles, twin.calls)
     xla.close()
