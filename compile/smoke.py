@@ -22,8 +22,8 @@ time limit (a TP collective that hangs must still report):
            LOGIT_TOL, the same best id where clear), against the CPU backend's extend with the same inputs;
            the build has a tiny MTP drafter too (its draft graph and the `_h` candidate graphs): one draft step of
            both slots against the CPU backend's (next hidden state within HIDDEN_RTOL, draft ids where clear);
-           and a decode row beside a 16-token chunk through `mixed_2x16` and `mixed_2x16_logits` against the
-           CPU backend's mixed graph (`mixed_check`)
+           and a decode row beside a 16-token chunk through `mixed_2x16_h` and `mixed_2x16_logits` against the
+           CPU backend's mixed graph, the `_h` one's hidden states within HIDDEN_RTOL too (`mixed_check`)
   tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1 (its drafter's layers split over the
            two cores; the CPU reference runs it whole)
 One table, PASS/FAIL per step (a step that reported and then exited non-zero says so, and fails); exit

@@ -47,7 +47,7 @@ class ExtendShape(NamedTuple):
     candidates of each row's last real position), LOGITS (`_logits`) or ALL (`_all`: every position's
     candidates, the verify step of speculative decoding), or the mixed graph `mixed_{B}x{T}` (rows = B, variant
     MIXED_LAST or MIXED_LOGITS: every slot's decode token and a chunk of T). The manifest keeps them as
-    [rows, t, variant]."""
+    [rows, t, variant]; with a drafter the top-K variants are traced as `_h` (the tag says so, the variant not)."""
 
     rows: int
     t: int

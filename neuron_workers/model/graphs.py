@@ -11,7 +11,8 @@ head. Their only state is explicit tensors, declared (inputs and outputs) in `sp
   mixed:   the extend inputs over one token axis of B decode tokens + T chunk tokens (`mixed_kv.MixedKV`)
   outputs: prefill and decode_logits: logits [rows, vocab] at the last real position, without the soft-cap;
            decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; the mixed graph: the
-           same for B + 1 rows (the B decode tokens, then the chunk's last real position); then *kv updated
+           same for B + 1 rows (the B decode tokens, then the chunk's last real position); the `_h` variants
+           of the top-K graphs also the normed hidden state of those rows [rows, H]; then *kv updated
 
 Every KV update is a function of the old buffer (the rule the Neuron runtime needs to keep KV as device
 state, and what keeps batched rows independent): prefill writes its prompt into row `slot` with

@@ -43,15 +43,22 @@ def test_graph_specs_are_the_buckets_the_decodes_then_the_extend_shapes(e2b_spec
 
 
 def test_with_a_drafter_the_candidate_graphs_are_the_h_variants_and_draft_comes_last():
-    """A build with an MTP drafter (`hidden_states`): `decode_h` and the `_h` top-K extends in place of the plain
-    ones (the `_logits` graphs stay), then `draft` (-O2: latency bound, as decode), whose inputs are the host's
-    draft inputs (the hidden state at the target's width) and whose outputs carry no KV."""
+    """A build with an MTP drafter (`hidden_states`): `decode_h` and the `_h` top-K extends and mixed graph in place
+    of the plain ones (the `_logits` graphs stay), then `draft` (-O2: latency bound, as decode), whose inputs are the
+    host's draft inputs (the hidden state at the target's width) and whose outputs carry no KV. A drafter build's
+    manifest whose mixed graphs are the plain ones (built before the `_h` variant) is refused, naming it."""
     specs = neuron.NeuronSpecs(ModelDims.from_hf(real_config("E2B")), 4096, (128,), 32, torch.bfloat16)
     specs.hidden_states = True
-    got = specs.graph_specs(neuron.chunk_shapes(256) + neuron.verify_shapes(32, 4))
+    shapes = neuron.chunk_shapes(256) + neuron.mixed_shapes(32, 256) + neuron.verify_shapes(32, 4)
+    got = specs.graph_specs(shapes)
     assert [s.tag for s in got] == ["prefill_128", "decode_logits", "decode_h", "extend_1x256_h", "extend_1x256_logits",
-                                    "extend_32x5_all_h", "draft"]
-    assert got[2].outputs[2].shape == (32, 1536) and got[5].outputs[2].shape == (32, 5, 1536)
+                                    "mixed_32x256_h", "mixed_32x256_logits", "extend_32x5_all_h", "draft"]
+    assert got[2].outputs[2].shape == (32, 1536) and got[7].outputs[2].shape == (32, 5, 1536)
+    assert got[5].outputs[2].shape == (33, 1536)  # the B slots, then the chunk's last position
+    built = {s.tag for s in got}
+    assert neuron.check_extend(specs, built, shapes, [256]) == (256,)
+    with pytest.raises(UserError, match=r"not built: \['mixed_32x256_h'\]"):
+        neuron.check_extend(specs, built - {"mixed_32x256_h"} | {"mixed_32x256"}, shapes, [256])
     draft = got[-1]
     assert [(t.name, t.shape) for t in draft.host_inputs] == [
         ("input_ids", (32, 1)), ("hidden", (32, 1, 1536)), ("position_ids", (32, 1)), ("mask_full", (32, 1, 1, 4096)),

@@ -88,20 +88,21 @@ def test_candidates_compare_by_rank_and_best_id_where_clear():
 
 class Skewed:
     """A backend whose extend graphs return what they should plus `bias` (logits, or candidate values and the
-    hidden state of the `_h` graphs)."""
+    hidden state of the `_h` graphs; `only_hidden`: the hidden state alone)."""
 
-    def __init__(self, backend, bias: float):
-        self.inner, self.bias = backend, bias
+    def __init__(self, backend, bias: float, only_hidden: bool = False):
+        self.inner, self.bias, self.only_hidden = backend, bias, only_hidden
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def extend(self, spec, inputs):
         out = self.inner.extend(spec, inputs)
+        bias = 0.0 if self.only_hidden else self.bias
         if not spec.candidates:
-            return out.float() + self.bias
+            return out.float() + bias
         hidden = None if out.hidden is None else out.hidden.float() + self.bias
-        return Candidates(out.values.float() + self.bias, out.ids, hidden)
+        return Candidates(out.values.float() + bias, out.ids, hidden)
 
     def draft(self, inputs):
         ids, hidden = self.inner.draft(inputs)
@@ -137,6 +138,10 @@ def test_extend_and_draft_checks_compare_with_the_cpu(tiny_dirs, tmp_path, bias,
     assert got == ok and "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16_h: 256 candidates" in detail, detail
     assert ("max |logit diff| 0.000" if ok else "max |logit diff| 1.000") in detail, detail
     assert f"mixed_2x16_h: 2 rows, max |hidden diff| {bias:.3f}" in detail, detail
+    if ok:  # hidden states alone off by more than the tolerance fail too
+        got, detail = smoke_tiny.mixed_check(ref.backend, Skewed(dev.backend, 1.0, only_hidden=True), dev.model.ple,
+                                             dev.dims.sliding_window, smoke_tiny.CHUNK)
+        assert not got and "max |logit diff| 0.000" in detail and "max |hidden diff| 1.000" in detail, detail
 
 
 @pytest.mark.slow

@@ -259,22 +259,27 @@ def test_transformers_assisted_generate_with_the_same_drafter(name, tiny_dirs, d
 @pytest.mark.parametrize("name", ["gemma4-12b-tiny"])  # split and replicated K/V (E4B-like: split only)
 def test_drafts_at_tp2(name, tiny_dirs, drafters):
     """TP=2: the drafter's query heads split as the K/V they read (12B-like: sliding K/V split, the full layer's
-    one KV head replicated; E4B-like: both split); drafts and tokens as transformers'."""
+    one KV head replicated; E4B-like: both split); a prompt chunked by 6 beside a decoding row runs `mixed_3x6_h`;
+    every round of drafts and the tokens as transformers'."""
     eng = engine(tiny_dirs[name], drafters[name], 2, tp=2, prefill_chunk=6)
     try:
-        assert eng.mixed_steps  # a chunk beside drafting rows: `mixed_3x6_h`
-        rounds, propose = [], eng.drafter.propose_all
+        assert eng.mixed_steps
+        rounds, tags, propose, extend = [], [], eng.drafter.propose_all, eng.backend.extend
 
         def drafts(seqs, rooms):
             got = propose(seqs, rooms)
             rounds.extend((s.prompt_ids + s.output_ids, got[s.seq_id]) for s in seqs if got[s.seq_id])
             return got
 
-        eng.drafter.propose_all = drafts
+        def graph(spec, inputs):
+            tags.append(spec.tag)
+            return extend(spec, inputs)
+
+        eng.drafter.propose_all, eng.backend.extend = drafts, graph
         target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
-        assert run(eng, [(A, 24, None), (C, 16, None)]) == [hf_greedy(target, A, 24), hf_greedy(target, C, 16)]
-        assert len(rounds) >= 10
-        for tokens, drafted in rounds[::4]:
+        assert run(eng, [(C, 16, None), (A, 24, None)]) == [hf_greedy(target, C, 16), hf_greedy(target, A, 24)]
+        assert len(rounds) >= 10 and "mixed_3x6_h" in tags, tags  # A's chunks beside C's decoding row
+        for tokens, drafted in rounds:  # the rounds after the mixed steps read the hidden states they returned
             assert drafted == reference_drafts(target, assistant, tokens, len(drafted)), len(tokens)
     finally:
         eng.close()
