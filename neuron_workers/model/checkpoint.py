@@ -1,6 +1,6 @@
 """Loading a Gemma-4 text decoder from a Hugging Face checkpoint directory.
 
-Owns: reading `config.json` for the three on-disk layouts, the explicit checkpoint-key -> module-key
+Owns: reading `config.json` for the four on-disk layouts, the explicit checkpoint-key -> module-key
 map, loud failure on any missing / unexpected / mis-shaped text weight (transformers' text-only classes
 silently keep random weights on the real multimodal checkpoints), and leaving the per-layer-embedding
 table on disk (see `ple.PleTable`). It does not know about graphs, KV buffers or backends.
