@@ -91,8 +91,9 @@ def engines(which: str, chunk: int | None, mtp: int = 0):
             out_dir = Path(tempfile.mkdtemp(prefix="gemma4-bench-drafter-"))
             draft = {"draft_model": str(write_tiny_assistant(d, out_dir, seed=1)), "num_speculative_tokens": mtp}
         for chunked, mixed in MODES:
+            # no prefix cache: the warm-up's prompt is the long one's start
             eng = build_engine(EngineConfig(model=str(d), max_context=CTX, max_batch=3, prefill_chunk=chunk * chunked,
-                                            prefix_cache=False, **draft))  # the warm-up's prompt is the long one's start
+                                            prefix_cache=False, **draft))
             eng.mixed_steps = mixed
             out.append(eng)
         return out
@@ -166,7 +167,8 @@ def report(which: str, eng, runs) -> None:
     mtp = f" MTP K={eng.spec_k}" if eng.spec_k else ""
     label = f"{which}{mtp}: prefill_chunk {eng.prefill_chunk or 'off':>4} ({how:>8})"
     for med, floor, worst, p95, med_during, steps, ttft, _ in runs:
-        print(f"{label}: {'speculative' if mtp else 'decode'} step median {med * 1e3:7.1f} ms (longest {floor / med:4.2f}x); while a "
+        step = "speculative" if mtp else "decode"
+        print(f"{label}: {step} step median {med * 1e3:7.1f} ms (longest {floor / med:4.2f}x); while a "
               f"{PROMPT}-token prompt prefills: longest step {worst * 1e3:8.1f} ms = {worst / med:6.2f}x (gap "
               f"{(worst - med) * 1e3:7.1f} ms), p95 {p95 / med:5.2f}x, median {med_during / med:5.2f}x, {steps} "
               f"steps, its TTFT {ttft:6.2f} s")

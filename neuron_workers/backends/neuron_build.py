@@ -1,9 +1,9 @@
 """Building Neuron artifacts with NxD ModelBuilder V2: trace each prefill bucket, both decode graphs and the extend
 graphs asked for (`neuron.ExtendShape`: chunked prefill's `extend_1xT` and `extend_1xT_logits`, the mixed graphs
-`mixed_BxT` and `mixed_BxT_logits`, the verify shape `extend_Bx{K+1}_all`; the top-K ones `_h` with a drafter) from one `NeuronGraphModel` (so all
-graphs share the device KV state), check what each trace took as weights and as state against what we save,
-compile with per-graph flags and a bound on parallel compiler jobs (`neuron_compile`: the riskiest graph first,
-every NEFF kept so a retry resumes), and save the NxDModel plus each rank's weights. The top-K of `decode` and of
+`mixed_BxT` and `mixed_BxT_logits`, the verify shape `extend_Bx{K+1}_all`; the top-K ones `_h` with a drafter)
+from one `NeuronGraphModel` (so all graphs share the device KV state), check what each trace took as weights and
+as state against what we save, compile with per-graph flags and a bound on parallel compiler jobs
+(`neuron_compile`: the riskiest graph first, every NEFF kept so a retry resumes), and save the NxDModel plus each rank's weights. The top-K of `decode` and of
 the extend graphs is the graphs' tiled one (`model.tiled_topk`) with the SDK's TopK per tile (`neuron_topk`).
 
 With an MTP drafter (`drafter`, a loaded `model.assistant.Assistant`) the module holds its weights too (`drafter.*`,

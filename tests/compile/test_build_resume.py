@@ -34,8 +34,9 @@ def test_risk_order_puts_the_extend_graphs_between_the_decodes_and_the_buckets()
             "decode_logits", "mixed_32x256_logits", "mixed_32x256"]
     assert risk_order(tags) == ["decode", "decode_logits", "mixed_32x256", "mixed_32x256_logits", "extend_1x256",
                                 "extend_32x8_all", "extend_1x256_logits", "prefill_4096", "prefill_16"]
+    # a build with an MTP drafter: the `_h` variants rank as the plain ones
     with_drafter = ["prefill_16", "extend_1x256_logits", "draft", "extend_32x8_all_h", "decode_h", "extend_1x256_h",
-                    "mixed_32x256_logits", "decode_logits", "mixed_32x256_h"]  # the `_h` variants rank as the plain ones
+                    "mixed_32x256_logits", "decode_logits", "mixed_32x256_h"]
     assert risk_order(with_drafter) == ["decode_h", "decode_logits", "draft", "mixed_32x256_h", "mixed_32x256_logits",
                                         "extend_1x256_h", "extend_32x8_all_h", "extend_1x256_logits", "prefill_16"]
 
