@@ -3,8 +3,9 @@ graphs asked for (`neuron.ExtendShape`: chunked prefill's `extend_1xT` and `exte
 `mixed_BxT` and `mixed_BxT_logits`, the verify shape `extend_Bx{K+1}_all`; the top-K ones `_h` with a drafter)
 from one `NeuronGraphModel` (so all graphs share the device KV state), check what each trace took as weights and
 as state against what we save, compile with per-graph flags and a bound on parallel compiler jobs
-(`neuron_compile`: the riskiest graph first, every NEFF kept so a retry resumes), and save the NxDModel plus each rank's weights. The top-K of `decode` and of
-the extend graphs is the graphs' tiled one (`model.tiled_topk`) with the SDK's TopK per tile (`neuron_topk`).
+(`neuron_compile`: the riskiest graph first, every NEFF kept so a retry resumes), and save the NxDModel plus each
+rank's weights. The top-K of `decode` and of the extend graphs is the graphs' tiled one (`model.tiled_topk`) with
+the SDK's TopK per tile (`neuron_topk`).
 
 With an MTP drafter (`drafter`, a loaded `model.assistant.Assistant`) the module holds its weights too (`drafter.*`,
 saved beside the target's; at tp=2 its layers sharded as the cpu backend's, `parallel.layers.apply_tp_assistant`:
