@@ -2,6 +2,7 @@
 
     python -m neuron_workers.generate --model DIR (--prompt TEXT | --prompt-ids 5,6,7)... --max-tokens N
         [--temperature T --top-k K --top-p P --seed S] [--chat] [--json] [--tp 2] [--max-batch B]
+        [--repetition-penalty R --frequency-penalty F --presence-penalty P --logit-bias ID=BIAS ...]
 
 One prompt streams its text to stdout as it is generated, or prints one JSON object with `--json`
 (`token_ids`: the generated ids only, `text`, `finish_reason`, timing). Several prompts (repeat
@@ -27,6 +28,16 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
 
 
+def parse_bias(text: str) -> tuple[int, float]:
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be TOKEN_ID=BIAS, e.g. 106=-100, got {text!r}") from None
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m neuron_workers.generate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
@@ -39,6 +50,12 @@ def parse_args(argv):
     ap.add_argument("--top-k", type=int, default=0, help="0 = off")
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="1 = off; > 1 discourages tokens of the prompt and the output (transformers' rule)")
+    ap.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2]: minus F x the token's count")
+    ap.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2]: minus P once a token appeared")
+    ap.add_argument("--logit-bias", action="append", type=parse_bias, default=[], metavar="ID=BIAS",
+                    help="add BIAS (in [-100, 100]) to token ID's logit; repeatable")
     ap.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence ids")
     ap.add_argument("--backend", default="cpu", choices=list(BACKENDS),
                     help="cpu (default), xla (the traced module on a torch-xla CPU device) or neuron (artifacts)")
@@ -78,7 +95,9 @@ def run(args) -> list[dict]:
     from neuron_workers.factory import build_engine
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
+                            repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
+                            presence_penalty=args.presence_penalty, logit_bias=tuple(args.logit_bias))
     engine = build_engine(EngineConfig(model=args.model, backend=args.backend, tp=args.tp,
                                        max_context=args.max_context, dtype=args.dtype, cpu_mode=args.cpu_mode,
                                        artifacts=args.artifacts, threads=args.threads,

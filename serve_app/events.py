@@ -64,7 +64,8 @@ class GenerateRequest:
     messages: tuple[dict, ...] = ()
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
-    sampling: tuple[tuple[str, float | int], ...] = ()  # the fields the request set; the replica fills the rest
+    sampling: tuple[tuple[str, object], ...] = ()  # the fields the request set (logit_bias: (id, bias) pairs);
+    # the replica fills the rest
     ignore_eos: bool = False
     stream: bool = False
     tools: tuple[dict, ...] = ()  # OpenAI tool definitions, for the chat template

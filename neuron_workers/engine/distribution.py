@@ -1,10 +1,12 @@
-"""Rows that need the whole distribution: a grammar's token mask, or logprobs. They pay for the full
-vocabulary alone; rows beside them take the vectorised path in `sampling.sample_rows`.
+"""Rows that need the whole distribution: a grammar's token mask, logprobs, or penalties and a logit bias. They
+pay for the full vocabulary alone; rows beside them take the vectorised path in `sampling.sample_rows`.
 
 Logprobs are the log-softmax of the soft-capped fp32 logits: the model's distribution before temperature,
 top-k, top-p and any grammar mask (vLLM's default). A mask removes tokens after the soft-cap (a capped
 logit is finite, so masking before it would leave masked tokens a probability); greedy rows take the
-argmax of the masked raw logits (the cap is monotone, and raw values have no cap-made ties).
+argmax of the masked raw logits (the cap is monotone, and raw values have no cap-made ties). Penalties
+(`penalties.Penalties`) change the capped values before all of that; the row is then sampled from those, and
+its logprobs stay the model's.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ def sample_full_row(logits: torch.Tensor, row: Row, cap: float | None) -> Sample
     distribution the row's own sampling parameters shape; a sparse mask is sampled over its allowed ids
     alone, a dense one over the whole row with masked values at -inf (the same distribution either way)."""
     raw, p = logits.float(), row.params
+    z, zcap = (raw, cap) if row.penalty is None else (row.penalty.apply(soft_cap(raw, cap)), None)
     if row.allowed is None:
-        token = _argmax(raw) if p.greedy else _draw(soft_cap(raw, cap), p, row.generator)
+        token = _argmax(z) if p.greedy else _draw(soft_cap(z, zcap), p, row.generator)
     else:
-        token = _masked(raw, row, cap)
+        token = _masked(z, row, zcap)
         if token < 0:
             return Sampled(-1, error="the grammar allows no next token")
     if row.logprobs is None:
@@ -60,7 +63,8 @@ def _argmax(z: torch.Tensor) -> int:
 
 
 def _masked(raw: torch.Tensor, row: Row, cap: float | None) -> int:
-    """The row's token under its mask (raw: fp32 [vocab]), or -1 when the mask allows nothing."""
+    """The row's token under its mask (raw: fp32 [vocab]; capped already when cap is None), or -1 when the mask
+    allows nothing."""
     p, mask, vocab = row.params, row.allowed, raw.shape[-1]
     ids = allowed_ids(mask, vocab)
     if ids is not None:  # sparse: only the allowed ids

@@ -27,6 +27,7 @@ from neuron_workers.engine.detokenizer import IncrementalDetokenizer
 from neuron_workers.engine.events import EngineEvent, ErrorEvent, TokenEvent
 from neuron_workers.engine.grammar import GrammarError, Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
+from neuron_workers.engine.penalties import Penalties
 from neuron_workers.engine.prefill import Prefills
 from neuron_workers.engine.prefix_cache import PrefixCache
 from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_logits, sample_rows
@@ -104,14 +105,20 @@ class Engine(Texts, Prefills, Speculation):
                      skip_special_tokens: bool = True) -> Sequence:
         """A validated sequence, ready for `add` (a UserError here costs the engine nothing). `grammar`
         (from `grammars.compile`) constrains every token; `logprobs` (n >= 0) asks for the chosen token's
-        logprob and the top n; `skip_special_tokens=False` keeps control tokens in the text (for parsers)."""
+        logprob and the top n; `skip_special_tokens=False` keeps control tokens in the text (for parsers).
+        Penalties and a logit bias in `params` get the sequence's own `Penalties`."""
         self.validate(prompt_ids, params.max_tokens)
+        vocab = self.dims.vocab_size
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise UserError(f"logit_bias keys must be token ids in [0, {vocab}); got {bad[:3]}", param="logit_bias")
         eos = set() if params.ignore_eos else set(self.model.eos_token_ids)
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens, self.unused_ids) \
             if self.tokenizer else None
         return Sequence(list(prompt_ids), params, frozenset(set(params.stop_token_ids) | eos),
                         None if params.greedy else make_generator(params.seed), detok, StopStrings(stop or []),
-                        grammar=grammar, logprobs=logprobs)
+                        grammar=grammar, logprobs=logprobs,
+                        penalties=Penalties(params, prompt_ids, vocab) if params.penalized else None)
 
     # --- scheduling ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,12 +162,23 @@ class Engine(Texts, Prefills, Speculation):
                 scores = self.backend.decode_candidates(inputs)
                 self._keep_hiddens(scores, [(s.slot, s) for s in running])
             else:
+                self._ready_drafters(running, inputs)
                 scores = self.backend.decode(inputs)
             picks = self._pick(scores, rows)
         except Exception as e:  # the backend failed: every running sequence ends, the engine goes on
             log.exception("decode step failed")
             return [self._fail(s, e) for s in running]
         return [self._guard(s, lambda s, t=t: self._emit(s, t)) for s, t in zip(running, picks)]
+
+    def _ready_drafters(self, running: list[Sequence], inputs) -> None:
+        """Beside an MTP drafter, a decode step that needs the full logits returns no hidden state. The rows that
+        could draft but hold none first run the top-K `_h` decode graph over the same inputs (the same K/V write),
+        which leaves them theirs: they draft from the next step on, once per row, not never."""
+        if not hasattr(self.drafter, "propose_all"):
+            return
+        rows = [(s.slot, s) for s in running if self._can_speculate(s) and not self.drafter.ready(s)]
+        if rows:
+            self._keep_hiddens(self.backend.decode_candidates(inputs), rows)
 
     def _sample(self, logits, rows: list[tuple[int, Sequence]]) -> list[Sampled]:
         return self._pick(logits, self._rows(rows))
@@ -180,7 +198,7 @@ class Engine(Texts, Prefills, Speculation):
                     out.append(Sampled(-1, error=str(e) if param else f"{type(e).__name__}: {e}", param=param))
                     continue
                 allowed = self._bitmask[i]
-            out.append(Row(r, s.params, s.generator, allowed, s.logprobs))
+            out.append(Row(r, s.params, s.generator, allowed, s.logprobs, s.penalties))
         return out
 
     def _pick(self, scores, rows: list[Row | Sampled]) -> list[Sampled]:

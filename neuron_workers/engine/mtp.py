@@ -4,9 +4,10 @@ A row drafts when it holds the target's last hidden state for the position befor
 (`Sequence.hidden_at == next_position - 1`): every decode step through the top-K graph, every verify step
 and every chunk step through the top-K `_h` graphs (`mixed_BxT_h` beside a chunk, `extend_1xT_h` for a prompt's
 last piece alone) leaves it (`Speculation._keep_hidden`); a row fresh from a whole-prompt prefill, or whose last
-step needed the full logits, decodes one plain step first. The first draft reads that state, the next ones the drafter's
-own (`draft_graph.DraftGraph`); all of a round's drafts run at the row's position, over the target's KV
-as it is after the last step (the drafter writes none). Idle slots run with every key masked.
+step needed the full logits, decodes one step first (through the top-K graph; a step that needs the full
+logits runs that graph too, first, for such rows: `Engine._ready_drafters`). The first draft reads that state,
+the next ones the drafter's own (`draft_graph.DraftGraph`); all of a round's drafts run at the row's position,
+over the target's KV as it is after the last step (the drafter writes none). Idle slots run with every key masked.
 """
 
 from __future__ import annotations

@@ -31,6 +31,12 @@ class Row(NamedTuple):
     generator: torch.Generator | None
     allowed: torch.Tensor | None = None  # int32 token bitmask [ceil(vocab / 32)] from the row's grammar
     logprobs: int | None = None  # None: none; n >= 0: the chosen token's logprob and the top n
+    penalty: object | None = None  # penalties.Penalties: logit bias and penalties change the row's logits
+
+    @property
+    def full(self) -> bool:
+        """Whether sampling this row needs its whole distribution (`distribution.sample_full_row`)."""
+        return self.allowed is not None or self.logprobs is not None or self.penalty is not None
 
 
 @dataclass(frozen=True, slots=True)

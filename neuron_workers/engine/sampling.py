@@ -11,7 +11,8 @@ result depends only on its own logits, parameters and generator. A step's scores
 logits [B, vocab] or, from the `decode` graph (top-K variant), as each row's K best (`spec.Candidates`); greedy
 and top-k rows read them through `topk.Chunked` / `topk.TopCandidates`, which never copy the vocabulary
 to fp32 and give the same answers (the soft-cap and fp32 math run on the k candidates only). Rows that
-need the whole distribution (no top-k, logprobs, a grammar mask: `needs_logits`) pay for it alone.
+need the whole distribution (no top-k, logprobs, a grammar mask, penalties or a logit bias: `needs_logits`) pay
+for it alone.
 """
 
 from __future__ import annotations
@@ -67,12 +68,12 @@ def sample_top_k_rows(chunked: Chunked | TopCandidates, idx: torch.Tensor, k: in
 
 def needs_logits(row: Row, k_compiled: int) -> bool:
     """Whether this row needs the step's full logits, not just the top `k_compiled` candidates."""
-    return row.allowed is not None or row.logprobs is not None or not serves(k_compiled, row.params)
+    return row.full or not serves(k_compiled, row.params)
 
 
 def sample_rows(scores: torch.Tensor | Candidates, rows: list[Row], cap: float | None) -> list[Sampled]:
     """A token for each row from logits [B, vocab] or a step's top-K `Candidates`; returned in the order of
-    `rows`. Rows with a grammar mask or logprobs take the full-distribution path
+    `rows`. Rows with a grammar mask, logprobs or penalties take the full-distribution path
     (`distribution.sample_full_row`) and pay for it alone; the others are vectorised below, and a row's
     result never depends on the other rows. With candidates, every row must be served by them
     (`needs_logits` false): one that is not gets an error."""
@@ -84,7 +85,7 @@ def sample_rows(scores: torch.Tensor | Candidates, rows: list[Row], cap: float |
         plain = [r for r in rows if r.slot not in out]
         view = TopCandidates(scores)
     else:
-        full = {r.slot for r in rows if r.allowed is not None or r.logprobs is not None}
+        full = {r.slot for r in rows if r.full}
         plain = [r for r in rows if r.slot not in full]
         out = {r.slot: sample_full_row(scores[r.slot], r, cap) for r in rows if r.slot in full}
         view = Chunked(scores) if plain else None

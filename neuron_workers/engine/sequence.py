@@ -1,6 +1,7 @@
 """Sequence: everything one request owns while the engine serves it: prompt ids, sampling parameters and
 its own seeded generator, the output so far, its slot (KV row) while running, the incremental
-detokenizer, stop ids and stop strings, and how it finished. Pure host state; the engine drives it."""
+detokenizer, stop ids and stop strings, its penalties' state, and how it finished. Pure host state; the engine
+drives it."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class Sequence:
     admitted_at: float | None = None
     grammar: object | None = None  # grammar.RowGrammar: constrains every token
     logprobs: int | None = None  # None: no logprobs; n: the chosen token's and the top n
+    penalties: object | None = None  # penalties.Penalties: its repetition / frequency / presence state, logit bias
     prefilled: int = 0  # prompt tokens whose KV is in the slot (chunked prefill advances it chunk by chunk)
     reused: int = 0  # of which the slot held already when it was admitted (prefix reuse)
     reach: int = 0  # 1 + the furthest position a verify step wrote (rejected drafts included)
@@ -70,6 +72,8 @@ class Sequence:
         """Record a sampled token; apply stop ids, max tokens and stop strings (and `done`: the grammar is
         complete); return its event, with the token's logprobs when the sequence asked for them."""
         self.output_ids.append(token)
+        if self.penalties is not None:
+            self.penalties.add(token)
         finish = "stop" if token in self.stop_ids or done else (
             "length" if len(self.output_ids) >= self.params.max_tokens else None)
         piece = self.detok.push(token) if self.detok else ""

@@ -4,7 +4,7 @@ With `speculative_method: ngram` and `num_speculative_tokens` k, a step proposes
 drafts per row (`drafts.NgramIndex`) and, when any row has one, runs one verify step instead of a decode
 step: the extend graph over all B slots with T = k + 1 (`extend_{B}x{k+1}_all`, every position's top-K
 candidates), each row fed its last token and its drafts. `acceptance` keeps what the target model would
-have produced. Rows the candidates cannot serve (a grammar mask, logprobs, a top-k over the candidates)
+have produced. Rows the candidates cannot serve (a grammar mask, logprobs, penalties, a top-k over the candidates)
 do not speculate: they decode in the same step through the decode graph, the verified rows parked at the
 position their verify writes first. Positions written for rejected drafts are abandoned: full layers mask
 them until they are overwritten, and a ring overwrites with them only entries at least the slack (64; the
@@ -50,7 +50,8 @@ class Speculation:
 
     def _can_speculate(self, seq: Sequence) -> bool:
         k = self.backend.candidates
-        return bool(k) and seq.grammar is None and seq.logprobs is None and serves(k, seq.params)
+        return (bool(k) and seq.grammar is None and seq.logprobs is None and seq.penalties is None
+                and serves(k, seq.params))
 
     def _room(self, seq: Sequence) -> int:
         return min(self.spec_k, seq.params.max_tokens - len(seq.output_ids) - 1,

@@ -19,13 +19,14 @@ from serve_app.openai.constraints import ConstraintError
 from serve_app.openai.schema_render import tool_for_template
 
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 1024  # entries (the engine's SamplingParams has the same limit)
+PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
 # OpenAI fields we do not implement: a request that sets one gets a 400 naming it, never a silent ignore.
 # (value that means "not used": a request may send it)
-UNSUPPORTED = {"functions": None, "function_call": None, "echo": False, "best_of": None,
-               "logit_bias": None, "suffix": None, "presence_penalty": 0,
-               "frequency_penalty": 0, "audio": None, "modalities": None, "prediction": None,
-               "reasoning_effort": None, "web_search_options": None}
+UNSUPPORTED = {"functions": None, "function_call": None, "echo": False, "best_of": None, "suffix": None,
+               "audio": None, "modalities": None, "prediction": None, "reasoning_effort": None,
+               "web_search_options": None}
 CHAT_ONLY = {"tools": None, "tool_choice": None, "parallel_tool_calls": None, "response_format": None,
              "top_logprobs": None, "chat_template_kwargs": None}
 STRICT = ConfigDict(extra="ignore", strict=True)  # "stream": "yes" or "max_tokens": true are 400s, not coerced
@@ -65,6 +66,11 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     ignore_eos: bool = False
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100.0,
+                                             description="1: off; transformers' rule (extension, as in vLLM)")
+    logit_bias: dict[str, float] | None = Field(None, description="token id (a string) -> bias in [-100, 100]")
     refused: ClassVar[dict] = UNSUPPORTED
 
     @model_validator(mode="before")
@@ -91,11 +97,30 @@ class SamplingFields(BaseModel):
             raise ValueError(f"stop takes at most {MAX_STOP} non-empty strings")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v):
+        """OpenAI's shape: token ids as decimal strings (written plainly: "7", not "07" or " 7"), each bias in
+        [-100, 100]; whether an id is in the vocabulary the engine checks (it knows the model)."""
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"takes at most {MAX_LOGIT_BIAS} entries")
+        for key, bias in v.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and str(int(key)) == key):
+                raise ValueError(f"keys must be token ids written as decimal strings, got {key[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+        return v
+
     def sampling(self) -> dict:
         """The sampling fields the request set (the replica fills the rest from the model's defaults)."""
-        out = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed") if getattr(self, k) is not None}
+        out = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed", *PENALTIES)
+               if getattr(self, k) is not None}
         if out.get("top_k") == -1:
             out["top_k"] = 0
+        if self.logit_bias:
+            out["logit_bias"] = tuple(sorted((int(k), float(b)) for k, b in self.logit_bias.items()))
         return out
 
 

@@ -196,6 +196,30 @@ def test_chunks_beside_drafting_rows_run_the_mixed_graph_and_drafting_resumes(na
     check_rounds(target, assistant, rounds, held)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma4-e2b-tiny", "gemma4-12b-tiny"])
+def test_a_row_beside_a_logprobs_row_starts_drafting(name, tiny_dirs, drafters):
+    """Beside a row that asks logprobs every decode step needs the full logits, whose graph returns no hidden
+    state: the step first runs the top-K `_h` decode graph for the row fresh from its prefill, so that row drafts
+    from the step after (its first round after two tokens; without it, never); its rounds and the hidden states it
+    held are transformers', and both rows' tokens too."""
+    eng = engine(tiny_dirs[name], drafters[name], 3)
+    target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
+    rounds, held, propose = [], [], eng.drafter.propose_all
+
+    def drafts(seqs, rooms):
+        held.extend((s.prompt_ids + s.output_ids, s.hidden) for s in seqs if eng.drafter.ready(s))
+        got = propose(seqs, rooms)
+        rounds.extend((s.prompt_ids + s.output_ids, got[s.seq_id]) for s in seqs if got[s.seq_id])
+        return got
+
+    eng.drafter.propose_all = drafts
+    assert run(eng, [(A, 30, None), (C, 20, 2)]) == [hf_greedy(target, A, 30), hf_greedy(target, C, 20)]
+    assert rounds and len(rounds[0][0]) == len(A) + 2, [len(t) for t, _ in rounds]
+    assert {tuple(t[:len(A)]) for t, _ in rounds} == {tuple(A)}  # the logprobs row never drafts
+    check_rounds(target, assistant, rounds, held)
+
+
 def check_rounds(target, assistant, rounds, held) -> None:
     """Every round of drafts is transformers' assistant's; every hidden state a ready row held is transformers'."""
     assert rounds and held

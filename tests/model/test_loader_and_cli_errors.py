@@ -133,3 +133,19 @@ def test_bad_prompt_ids_flag(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--model", "x", "--prompt-ids", "a,b"])
     assert e.value.code == 2 and "comma-separated integers" in capsys.readouterr().err
+
+
+def test_penalty_flags(tiny_dirs, capsys):
+    """--logit-bias forces a token; a bad flag or value is one `error:` line (exit 2), an id past the vocabulary
+    too."""
+    model = str(tiny_dirs["gemma4-e2b-tiny"])
+    assert main(["--model", model, "--prompt-ids", "2,5,6", "--max-tokens", "4", "--json", "--ignore-eos",
+                 "--logit-bias", "77=100", "--repetition-penalty", "1.3", "--frequency-penalty", "0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == [77] * 4
+    rc, err = cli_error(capsys, "--model", model, "--prompt-ids", "2", "--presence-penalty", "3")
+    assert rc == 2 and err == "error: presence_penalty must be a number in [-2, 2], got 3.0"
+    rc, err = cli_error(capsys, "--model", model, "--prompt-ids", "2", "--logit-bias", "600=1")
+    assert rc == 2 and err == "error: logit_bias keys must be token ids in [0, 512); got [600]"
+    with pytest.raises(SystemExit) as e:
+        main(["--model", model, "--prompt-ids", "2", "--logit-bias", "77"])
+    assert e.value.code == 2 and "must be TOKEN_ID=BIAS" in capsys.readouterr().err

@@ -111,8 +111,12 @@ BAD = [
     ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"prompt": "hi", "echo": True}, "echo"),
     ({"prompt": "hi", "best_of": 2}, "best_of"),
-    ({"prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "hi", "suffix": "x"}, "suffix"),
+    ({"prompt": "hi", "logit_bias": {"05": 10}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"4000000": 1}}, "logit_bias"),  # past the vocabulary: the engine says so
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
 ]
 
 
@@ -125,7 +129,9 @@ def test_bad_inputs_name_their_param_and_the_server_still_serves(app):
             assert r.status_code == 400, (extra, r.text)
             assert r.json()["error"]["param"] == param, (extra, r.text)
         ok = h.post(f"{app}/completions", json={"model": "a", "prompt": "hi", "max_tokens": 3, "seed": 2**64 - 1,
-                                                "temperature": 1, "user": "u1"}, headers=AUTH)
+                                                "temperature": 1, "user": "u1", "frequency_penalty": 1,
+                                                "presence_penalty": 0.5, "repetition_penalty": 1.1,
+                                                "logit_bias": {"5": 10}}, headers=AUTH)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 

@@ -70,3 +70,25 @@ def test_bodies_that_are_not_json_are_body_errors(raw, words):
 
     with pytest.raises(bodies.BodyError, match=words):
         asyncio.run(bodies.parse(CompletionRequest, raw))
+
+
+def test_penalties_and_logit_bias_are_taken_and_checked():
+    """OpenAI's frequency / presence penalties and logit_bias, vLLM's repetition_penalty: values in range reach the
+    replica's sampling fields (logit_bias as sorted (id, bias) pairs); out-of-range values and keys that are not
+    plain token ids are refused naming the field (ids past the vocabulary: the engine, which knows the model)."""
+    from serve_app.openai.protocol import CompletionRequest
+
+    body = {"model": "m", "prompt": "hi", "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
+            "logit_bias": {"17": -100, "3": 2.5}}
+    got = dict(CompletionRequest.model_validate(body).payload().sampling)
+    assert got == {"frequency_penalty": 0.5, "presence_penalty": -1.0, "repetition_penalty": 1.2,
+                   "logit_bias": ((3, 2.5), (17, -100.0))}
+    assert "logit_bias" not in dict(CompletionRequest.model_validate({**body, "logit_bias": {}}).payload().sampling)
+    for field, value in [("frequency_penalty", 2.5), ("presence_penalty", -3), ("repetition_penalty", 0),
+                         ("repetition_penalty", 1000), ("logit_bias", {"5": 101}), ("logit_bias", {"05": 1}),
+                         ("logit_bias", {"-5": 1}), ("logit_bias", {"x": 1}), ("logit_bias", {"٣": 1}),
+                         ("logit_bias", {"5": "1"}), ("logit_bias", {str(i): 1 for i in range(1025)}),
+                         ("logit_bias", {"12345678901": 1}), ("frequency_penalty", "0.5")]:
+        with pytest.raises(ValidationError) as e:
+            CompletionRequest.model_validate({**body, field: value})
+        assert e.value.errors()[0]["loc"][0] == field, (field, value)
