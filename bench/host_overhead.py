@@ -1,6 +1,6 @@
 """Host time per decode step at the real E2B sizes, with a stand-in for the graph call.
 
-    python bench/host_overhead.py [--steps 200] [--threads 1] [--batches 1,8,16,32]
+    python bench/host_overhead.py [--steps 200] [--threads 1] [--batches 1,8,16,32] [--penalties]
 
 Everything the engine does per decode step except the device call: the PLE gather from the memory-mapped
 table (real E2B shape: 262,144 x 35*256, bf16, a sparse file so no 4.7 GB is written) for every row, the
@@ -14,6 +14,10 @@ measured and subtracted. Two host paths, side by side:
               still the path of a step where some row needs the whole distribution)
 Prints ms per step and the ratio to the goal of the candidates path (0.25 ms B=1 greedy, 0.5 ms B=1
 sampled, 2 ms at B=8/16/32; <= 1.0 meets it).
+With --penalties, the same rows again with repetition 1.1, frequency 0.5 and presence 0.5 (rows that need the
+full logits: `decode_logits`), side by side with the plain rows on that path: the extra ms per penalized row and
+its ratio to the goal of 0.25 ms (the penalties touch only the ids they change, `engine/penalties.py`; applied to
+the whole vocabulary they cost about 4 ms a row).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batches", default="1,8,16,32")
+    ap.add_argument("--penalties", action="store_true", help="also time the rows with penalties")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from neuron_workers.testing.tiny_tokenizer import build_tokenizer
@@ -83,6 +88,8 @@ def main() -> int:
             info = type("info", (), {"model_dir": "stand-in", "sampling_defaults": {}})
 
         Model.ple = ple
+        if args.penalties:
+            return penalties_table(Model, rows, args.steps)
         print(f"E2B host side: vocab {VOCAB:,}, PLE {LAYERS}x{PLE_DIM} bf16 (mmap), "
               f"{torch.get_num_threads()} thread(s); ms of host work per decode step")
         print(f"{'rows':46s} {'candidates':>10s} {'logits':>8s}   ratio to goal (candidates; <= 1.0 meets it)")
@@ -97,6 +104,26 @@ def main() -> int:
                 ms[cands] = min(per_step_ms(engine, params, args.steps) for _ in range(3)) - stand_in
             goal = GOAL_MS[kind]
             print(f"{label:46s} {ms[True]:10.3f} {ms[False]:8.3f}   {ms[True] / goal:.2f} (goal {goal} ms)")
+    return 0
+
+
+def penalties_table(model, rows: dict, steps: int) -> int:
+    from dataclasses import replace
+
+    print(f"E2B host side, rows with penalties: vocab {VOCAB:,}, {torch.get_num_threads()} thread(s); ms of host "
+          "work per decode step on the full-logits path, prompt 64 tokens")
+    print(f"{'rows':46s} {'plain':>8s} {'penalized':>10s} {'extra/row':>10s}   ratio to goal (0.25 ms a row)")
+    for label, (batch, params, _) in rows.items():
+        penalized = [replace(p, repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5) for p in params]
+        ms = {}
+        for name, ps in (("plain", params), ("penalized", penalized)):
+            backend = StandInBackend(batch, 0, favour=True)
+            engine = Engine(model, backend)
+            stand_in = min(timeit(backend.decode) for _ in range(3))
+            per_step_ms(engine, ps, 10)  # warm
+            ms[name] = min(per_step_ms(engine, ps, steps) for _ in range(3)) - stand_in
+        extra = (ms["penalized"] - ms["plain"]) / batch
+        print(f"{label:46s} {ms['plain']:8.3f} {ms['penalized']:10.3f} {extra:10.3f}   {extra / 0.25:.2f}")
     return 0
 
 

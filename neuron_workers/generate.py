@@ -31,7 +31,7 @@ def parse_ids(text: str) -> list[int]:
 def parse_bias(text: str) -> tuple[int, float]:
     token, sep, bias = text.partition("=")
     try:
-        if not sep:
+        if not sep or not (token.isascii() and token.isdigit()):
             raise ValueError
         return int(token), float(bias)
     except ValueError:

@@ -173,10 +173,12 @@ class Engine(Texts, Prefills, Speculation):
     def _ready_drafters(self, running: list[Sequence], inputs) -> None:
         """Beside an MTP drafter, a decode step that needs the full logits returns no hidden state. The rows that
         could draft but hold none first run the top-K `_h` decode graph over the same inputs (the same K/V write),
-        which leaves them theirs: they draft from the next step on, once per row, not never."""
+        which leaves them theirs: they draft from the next step on, once per row, not never (rows with no room
+        to draft the step after run nothing more)."""
         if not hasattr(self.drafter, "propose_all"):
             return
-        rows = [(s.slot, s) for s in running if self._can_speculate(s) and not self.drafter.ready(s)]
+        rows = [(s.slot, s) for s in running
+                if self._can_speculate(s) and not self.drafter.ready(s) and self._room(s, ahead=1) > 0]
         if rows:
             self._keep_hiddens(self.backend.decode_candidates(inputs), rows)
 

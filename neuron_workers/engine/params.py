@@ -62,12 +62,14 @@ def _check_range(name: str, value: float, bounds: tuple[float, float]) -> None:
 
 
 def _check_logit_bias(pairs) -> None:
+    if not isinstance(pairs, tuple) or not all(isinstance(x, tuple) and len(x) == 2 for x in pairs):
+        raise UserError("logit_bias must be (token id, bias) pairs", param="logit_bias")
     if len(pairs) > MAX_LOGIT_BIAS:
         raise UserError(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}", param="logit_bias")
-    if len({token for token, _ in pairs}) < len(pairs):
-        raise UserError("logit_bias names a token id twice", param="logit_bias")
     for token, bias in pairs:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise UserError(f"logit_bias keys must be token ids (non-negative integers), got {token!r}",
                             param="logit_bias")
         _check_range("logit_bias", bias, BIAS_RANGE)
+    if len({token for token, _ in pairs}) < len(pairs):
+        raise UserError("logit_bias names a token id twice", param="logit_bias")

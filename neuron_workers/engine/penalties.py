@@ -1,5 +1,5 @@
-"""Penalties: one sequence's logit changes beyond the model's own, kept as vocabulary-sized state and applied
-to the soft-capped fp32 logits before temperature, top-k, top-p and any grammar mask.
+"""Penalties: one sequence's logit changes beyond the model's own, applied to the soft-capped fp32 logits before
+temperature, top-k, top-p and any grammar mask.
 
 In order: `logit_bias` (OpenAI: added to the token's logit), then `repetition_penalty` (transformers'
 `RepetitionPenaltyLogitsProcessor`: a token seen in the prompt or the output has a positive logit divided by
@@ -7,6 +7,10 @@ the penalty, a negative one multiplied), then `frequency_penalty` and `presence_
 frequency x count minus presence x [count > 0], counted over the output only). vLLM applies them in the same
 order. Gemma-4's logits are soft-capped inside the HF forward, so penalizing the capped values is what
 transformers' `generate` does. Logprobs stay the model's distribution (`distribution.sample_full_row`).
+
+The state is sparse: only the ids a penalty touches (biased, seen with a repetition penalty, or in the output)
+are kept (`ids`, with their bias, seen flag and count), so a step costs O(touched ids), not O(vocabulary): the
+262,144-token vocabulary is capped and copied only for rows that draw from all of it.
 """
 
 from __future__ import annotations
@@ -18,32 +22,42 @@ from neuron_workers.engine.params import SamplingParams
 
 class Penalties:
     def __init__(self, params: SamplingParams, prompt_ids: list[int], vocab: int):
+        self.vocab = vocab
         self.repetition = params.repetition_penalty
         self.frequency, self.presence = params.frequency_penalty, params.presence_penalty
-        ids = [t for t, _ in params.logit_bias]
-        self.bias_ids = torch.tensor(ids, dtype=torch.int64)
-        self.bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
-        self.seen = torch.zeros(vocab, dtype=torch.bool) if self.repetition != 1.0 else None
-        if self.seen is not None:
-            self.seen[torch.tensor(prompt_ids, dtype=torch.int64)] = True
-        counting = self.frequency != 0.0 or self.presence != 0.0
-        self.counts = torch.zeros(vocab, dtype=torch.float32) if counting else None
+        start = dict(params.logit_bias)  # id -> bias; then the prompt's ids (0 bias) when they count
+        if self.repetition != 1.0:
+            for t in prompt_ids:
+                start.setdefault(t, 0.0)
+        self.index = {t: i for i, t in enumerate(start)}
+        self.ids = torch.tensor(list(start), dtype=torch.int64)  # the touched ids
+        self.bias = torch.tensor(list(start.values()), dtype=torch.float32)
+        self.seen = torch.zeros(len(start), dtype=torch.bool)  # seen in the prompt or the output
+        if self.repetition != 1.0 and prompt_ids:
+            self.seen[torch.tensor([self.index[t] for t in set(prompt_ids)])] = True
+        self.counts = torch.zeros(len(start), dtype=torch.float32)  # in the output
 
     def add(self, token: int) -> None:
         """An output token: it counts for every penalty from the next step on."""
-        if self.seen is not None:
-            self.seen[token] = True
-        if self.counts is not None:
-            self.counts[token] += 1
+        i = self.index.get(token)
+        if i is None:
+            i = self.index[token] = len(self.index)
+            self.ids = torch.cat([self.ids, torch.tensor([token], dtype=torch.int64)])
+            self.bias = torch.cat([self.bias, torch.zeros(1)])
+            self.seen = torch.cat([self.seen, torch.zeros(1, dtype=torch.bool)])
+            self.counts = torch.cat([self.counts, torch.zeros(1)])
+        self.seen[i] = True
+        self.counts[i] += 1
+
+    def values(self, capped: torch.Tensor) -> torch.Tensor:
+        """The penalized values of the touched ids, from their soft-capped fp32 logits capped [len(ids)]."""
+        z = capped + self.bias
+        if self.repetition != 1.0:
+            z = torch.where(self.seen & (z > 0), z / self.repetition, torch.where(self.seen, z * self.repetition, z))
+        return z - self.frequency * self.counts - self.presence * (self.counts > 0).float()
 
     def apply(self, z: torch.Tensor) -> torch.Tensor:
-        """The penalized copy of one row's soft-capped fp32 logits z [vocab]."""
+        """The penalized copy of one row's soft-capped fp32 logits z [vocab] (for rows that need all of it)."""
         z = z.clone()
-        if self.bias_ids.numel():
-            z.index_add_(0, self.bias_ids, self.bias)
-        if self.seen is not None:
-            seen = z[self.seen]
-            z[self.seen] = torch.where(seen > 0, seen / self.repetition, seen * self.repetition)
-        if self.counts is not None:
-            z -= self.frequency * self.counts + self.presence * (self.counts > 0).float()
+        z[self.ids] = self.values(z[self.ids])
         return z

@@ -95,7 +95,7 @@ def sample_rows(scores: torch.Tensor | Candidates, rows: list[Row], cap: float |
 
 
 def _plain_tokens(view: Chunked | TopCandidates, rows: list[Row], cap: float | None) -> list[int]:
-    """Tokens for rows without a mask or logprobs: greedy rows in one argmax, rows with the same top-k in
+    """Tokens for rows without a mask, logprobs or penalties: greedy rows in one argmax, rows with the same top-k in
     one vectorised draw, others one by one on their own fp32 row."""
     vocab = view.logits.shape[1] if isinstance(view, Chunked) else None
     out: dict[int, int] = {}

@@ -53,9 +53,10 @@ class Speculation:
         return (bool(k) and seq.grammar is None and seq.logprobs is None and seq.penalties is None
                 and serves(k, seq.params))
 
-    def _room(self, seq: Sequence) -> int:
-        return min(self.spec_k, seq.params.max_tokens - len(seq.output_ids) - 1,
-                   self.max_context - 1 - seq.next_position)
+    def _room(self, seq: Sequence, ahead: int = 0) -> int:
+        """Drafts `seq` may take now (`ahead`: that many steps later, each one token more)."""
+        return min(self.spec_k, seq.params.max_tokens - len(seq.output_ids) - 1 - ahead,
+                   self.max_context - 1 - seq.next_position - ahead)
 
     def _drafts(self, verify: list[Sequence]) -> dict[int, list[int]]:
         rooms = {s.seq_id: self._room(s) for s in verify}

@@ -35,7 +35,7 @@ class CheckpointInfo:
     prefix: str  # checkpoint key prefix of the text decoder
     eos_token_ids: tuple[int, ...]
     weight_files: dict[str, Path]  # checkpoint key -> file
-    sampling_defaults: dict  # temperature / top_k / top_p from generation_config.json (when do_sample)
+    sampling_defaults: dict  # temperature / top_k / top_p (when do_sample), repetition_penalty: generation_config
 
 
 def _hf_classes(text_model_type: str):
@@ -96,12 +96,14 @@ def _eos_ids(model_dir: Path, raw: dict, text_dict: dict) -> tuple[int, ...]:
 
 
 def _sampling_defaults(model_dir: Path) -> dict:
-    """What generation_config.json asks for when a request leaves sampling unset (Gemma-4: T=1, k=64, p=0.95)."""
+    """What generation_config.json asks for when a request leaves sampling unset (Gemma-4: T=1, k=64, p=0.95; a
+    `repetition_penalty` too, which transformers applies greedy or not)."""
     gen = model_dir / "generation_config.json"
     cfg = _read_json(gen) if gen.is_file() else {}
+    rep = {"repetition_penalty": cfg["repetition_penalty"]} if cfg.get("repetition_penalty") not in (None, 1.0) else {}
     if not cfg.get("do_sample"):
-        return {"temperature": 0.0}
-    return {k: cfg[k] for k in ("temperature", "top_k", "top_p") if cfg.get(k) is not None}
+        return {"temperature": 0.0, **rep}
+    return {**{k: cfg[k] for k in ("temperature", "top_k", "top_p") if cfg.get(k) is not None}, **rep}
 
 
 def _index_weights(model_dir: Path) -> dict[str, Path]:

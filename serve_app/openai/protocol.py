@@ -2,7 +2,8 @@
 
 Owns validation at the HTTP boundary (pydantic, so a wrong type or range is a 400 naming the field) and
 the JSON shapes of /v1/completions and /v1/chat/completions, streamed or not. Imports neither torch nor
-anything Neuron: the router that uses it must stay light and never touch a NeuronCore.
+anything Neuron (the sampling limits come from `neuron_workers.engine.params`, which imports no torch): the
+router that uses it must stay light and never touch a NeuronCore.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from neuron_workers.engine.params import BIAS_RANGE, MAX_LOGIT_BIAS, PENALTY_RANGE, REPETITION_RANGE
 from serve_app.events import GenerateRequest
 from serve_app.openai import protocol_tools as T
 from serve_app.openai.constraints import ConstraintError
 from serve_app.openai.schema_render import tool_for_template
 
 MAX_STOP = 4
-MAX_LOGIT_BIAS = 1024  # entries (the engine's SamplingParams has the same limit)
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
 # OpenAI fields we do not implement: a request that sets one gets a 400 naming it, never a silent ignore.
@@ -66,9 +67,9 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     ignore_eos: bool = False
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, ge=0.01, le=100.0,
+    frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    presence_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    repetition_penalty: float | None = Field(None, ge=REPETITION_RANGE[0], le=REPETITION_RANGE[1],
                                              description="1: off; transformers' rule (extension, as in vLLM)")
     logit_bias: dict[str, float] | None = Field(None, description="token id (a string) -> bias in [-100, 100]")
     refused: ClassVar[dict] = UNSUPPORTED
@@ -109,8 +110,9 @@ class SamplingFields(BaseModel):
         for key, bias in v.items():
             if not (key.isascii() and key.isdigit() and len(key) <= 10 and str(int(key)) == key):
                 raise ValueError(f"keys must be token ids written as decimal strings, got {key[:20]!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+            if not BIAS_RANGE[0] <= bias <= BIAS_RANGE[1]:
+                low, high = BIAS_RANGE
+                raise ValueError(f"biases must be in [{low:g}, {high:g}], got {bias} for token {key}")
         return v
 
     def sampling(self) -> dict:

@@ -8,6 +8,9 @@ naming their field."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
@@ -163,6 +166,30 @@ def test_the_formula_on_a_vector():
     assert z.tolist() == [1.0, 2.0, -2.0, 3.0, 6.0, 5.0]  # the step's logits are not changed in place
 
 
+@pytest.mark.parametrize("vocab,prompt", [(262_144, 3000), (512, 900)])
+def test_the_sparse_path_equals_the_dense_one(vocab, prompt):
+    """Greedy and top-k rows look only at the touched ids and the best untouched ones: the same token and the same
+    top k as the whole penalized vocabulary (the real vocabulary, and a tiny one whose every id is touched)."""
+    from neuron_workers.engine.distribution import penalized_candidates, sample_full_row
+    from neuron_workers.engine.rows import Row, soft_cap
+
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(repetition_penalty=1.7, frequency_penalty=0.9, presence_penalty=-0.4,
+                            logit_bias=((3, 40.0), (vocab - 1, -20.0)))
+    pen = Penalties(params, torch.randint(0, vocab, (prompt,), generator=g).tolist(), vocab)
+    for _ in range(12):
+        raw = torch.randn(vocab, generator=g) * 20
+        dense = pen.apply(soft_cap(raw, 30.0))
+        assert sample_full_row(raw, Row(0, params, None, penalty=pen), 30.0).token == int(dense.argmax())
+        for k in (1, 64, min(1024, vocab)):
+            z, ids = penalized_candidates(raw, pen, k, 30.0)
+            top = torch.topk(z, k)
+            want = torch.topk(dense, k)
+            torch.testing.assert_close(top.values, want.values, rtol=0, atol=0)
+            assert set(ids[top.indices].tolist()) == set(want.indices.tolist())
+        pen.add(int(torch.randint(0, vocab, (), generator=g)))
+
+
 @pytest.mark.parametrize("kw,param", [(dict(repetition_penalty=0.0), "repetition_penalty"),
                                       (dict(repetition_penalty=101.0), "repetition_penalty"),
                                       (dict(frequency_penalty=2.5), "frequency_penalty"),
@@ -171,7 +198,11 @@ def test_the_formula_on_a_vector():
                                       (dict(logit_bias=((3, 101.0),)), "logit_bias"),
                                       (dict(logit_bias=((-1, 1.0),)), "logit_bias"),
                                       (dict(logit_bias=((3, 1.0), (3, 2.0))), "logit_bias"),
-                                      (dict(logit_bias=tuple((i, 1.0) for i in range(1025))), "logit_bias")])
+                                      (dict(logit_bias=tuple((i, 1.0) for i in range(1025))), "logit_bias"),
+                                      (dict(logit_bias={3: 1.0}), "logit_bias"),
+                                      (dict(logit_bias=(([3], 1.0),)), "logit_bias"),
+                                      (dict(logit_bias=((3, 1.0, 2.0),)), "logit_bias"),
+                                      (dict(logit_bias=((3, True),)), "logit_bias")])
 def test_bad_values_name_their_field(kw, param):
     with pytest.raises(UserError) as e:
         SamplingParams(**kw)
@@ -183,3 +214,17 @@ def test_a_bias_outside_the_vocabulary_is_refused(tiny_dirs):
     with pytest.raises(UserError) as e:
         eng.new_sequence(A, greedy(logit_bias=((512, 1.0),)))
     assert e.value.param == "logit_bias" and "[0, 512)" in str(e.value)
+
+
+def test_a_repetition_penalty_in_generation_config_is_the_default(tiny_dirs, tmp_path):
+    """transformers' `generate` applies generation_config's repetition_penalty; so does a request that leaves it
+    unset (the replica starts from `sampling_defaults`)."""
+    path = shutil.copytree(tiny_dirs["gemma4-12b-tiny"], tmp_path / "ckpt")
+    gen = path / "generation_config.json"
+    cfg = json.loads(gen.read_text()) if gen.is_file() else {}
+    gen.write_text(json.dumps({**cfg, "do_sample": False, "repetition_penalty": 1.3}))
+    eng = engine(path)
+    assert eng.sampling_defaults == {"temperature": 0.0, "repetition_penalty": 1.3}
+    hf = hf_reference(path)
+    want = hf_greedy(hf, A, 24)
+    assert run(eng, [(A, greedy(**eng.sampling_defaults))]) == [want] != [run(eng, [(A, greedy())])[0]]
