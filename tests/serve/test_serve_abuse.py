@@ -131,8 +131,9 @@ def test_bad_inputs_name_their_param_and_the_server_still_serves(app):
         ok = h.post(f"{app}/completions", json={"model": "a", "prompt": "hi", "max_tokens": 3, "seed": 2**64 - 1,
                                                 "temperature": 1, "user": "u1", "frequency_penalty": 1,
                                                 "presence_penalty": 0.5, "repetition_penalty": 1.1,
-                                                "logit_bias": {"5": 10}}, headers=AUTH)
+                                                "logit_bias": {"20": 100}}, headers=AUTH)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+        assert ok.json()["choices"][0]["text"] == "kkk"  # the bias forces id 20 (the character tokenizer's "k")
 
 
 def test_killed_replica_gives_503_or_an_error_event_and_comes_back(app, serve_url):
