@@ -14,10 +14,10 @@ measured and subtracted. Two host paths, side by side:
               still the path of a step where some row needs the whole distribution)
 Prints ms per step and the ratio to the goal of the candidates path (0.25 ms B=1 greedy, 0.5 ms B=1
 sampled, 2 ms at B=8/16/32; <= 1.0 meets it).
-With --penalties, the same rows again with repetition 1.1, frequency 0.5 and presence 0.5 (rows that need the
-full logits: `decode_logits`), side by side with the plain rows on that path: the extra ms per penalized row and
-its ratio to the goal of 0.25 ms (the penalties touch only the ids they change, `engine/penalties.py`; applied to
-the whole vocabulary they cost about 4 ms a row).
+With --penalties, instead: the sampler alone on one step's full bf16 logits (the path penalized rows need), the
+rows above plain and again with repetition 1.1, frequency 0.5 and presence 0.5, side by side: the extra ms per
+penalized row and its ratio to the goal of 0.25 ms (the penalties touch only the ids they change,
+`engine/penalties.py`; capping and penalizing the whole vocabulary costs about 1.4 ms a row).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main() -> int:
 
         Model.ple = ple
         if args.penalties:
-            return penalties_table(Model, rows, args.steps)
+            return penalties_table(rows, args.steps)
         print(f"E2B host side: vocab {VOCAB:,}, PLE {LAYERS}x{PLE_DIM} bf16 (mmap), "
               f"{torch.get_num_threads()} thread(s); ms of host work per decode step")
         print(f"{'rows':46s} {'candidates':>10s} {'logits':>8s}   ratio to goal (candidates; <= 1.0 meets it)")
@@ -107,24 +107,41 @@ def main() -> int:
     return 0
 
 
-def penalties_table(model, rows: dict, steps: int) -> int:
+def penalties_table(rows: dict, steps: int) -> int:
+    """The sampler alone (`sampling.sample_rows` on one step's full bf16 logits [B, 262144]), plain rows and the
+    same rows with penalties side by side: the whole engine step would mix in the PLE table's page faults, which
+    depend on which ids a row visits (penalized rows visit more), not on the penalties."""
     from dataclasses import replace
 
-    print(f"E2B host side, rows with penalties: vocab {VOCAB:,}, {torch.get_num_threads()} thread(s); ms of host "
-          "work per decode step on the full-logits path, prompt 64 tokens")
+    from neuron_workers.engine.penalties import Penalties
+    from neuron_workers.engine.sampling import Row, make_generator, sample_rows
+
+    g = torch.Generator().manual_seed(0)
+    print(f"E2B sampler, rows with penalties: vocab {VOCAB:,}, {torch.get_num_threads()} thread(s); ms per step of "
+          "sampling on full bf16 logits; each penalized row: 64 prompt ids, 300 output ids seen")
     print(f"{'rows':46s} {'plain':>8s} {'penalized':>10s} {'extra/row':>10s}   ratio to goal (0.25 ms a row)")
     for label, (batch, params, _) in rows.items():
+        logits = (torch.randn(batch, VOCAB, generator=g) * 4).to(torch.bfloat16)
         penalized = [replace(p, repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.5) for p in params]
         ms = {}
         for name, ps in (("plain", params), ("penalized", penalized)):
-            backend = StandInBackend(batch, 0, favour=True)
-            engine = Engine(model, backend)
-            stand_in = min(timeit(backend.decode) for _ in range(3))
-            per_step_ms(engine, ps, 10)  # warm
-            ms[name] = min(per_step_ms(engine, ps, steps) for _ in range(3)) - stand_in
+            pens = [Penalties(p, list(range(2, 66)), VOCAB) if p.penalized else None for p in ps]
+            for pen in filter(None, pens):
+                for t in torch.randint(0, VOCAB, (300,), generator=g).tolist():
+                    pen.add(t)
+            made = [Row(i, p, make_generator(i), None, None, pen) for i, (p, pen) in enumerate(zip(ps, pens))]
+            sample_rows(logits, made, 30.0)  # warm
+            ms[name] = min(_timed(lambda z=logits, r=made: sample_rows(z, r, 30.0), steps) for _ in range(3))
         extra = (ms["penalized"] - ms["plain"]) / batch
         print(f"{label:46s} {ms['plain']:8.3f} {ms['penalized']:10.3f} {extra:10.3f}   {extra / 0.25:.2f}")
     return 0
+
+
+def _timed(fn, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) * 1e3 / n
 
 
 def timeit(fn, n=1000) -> float:

@@ -42,41 +42,51 @@ def sample_full_row(logits: torch.Tensor, row: Row, cap: float | None) -> Sample
     """One row's token (and logprobs when asked) from its raw logits [vocab]. A mask removes tokens from the
     distribution the row's own sampling parameters shape; a sparse mask is sampled over its allowed ids
     alone, a dense one over the whole row with masked values at -inf (the same distribution either way)."""
-    raw, p = logits.float(), row.params
-    sparse = row.penalty is not None and row.allowed is None and (p.greedy or 0 < p.top_k <= CHUNKS)
-    z, zcap = (raw, cap) if row.penalty is None or sparse else (row.penalty.apply(soft_cap(raw, cap)), None)
-    if sparse:
-        token = _penalized(raw, row, cap)
-    elif row.allowed is None:
-        token = _argmax(z) if p.greedy else _draw(soft_cap(z, zcap), p, row.generator)
+    p, raw = row.params, None
+    if row.penalty is not None and row.allowed is None and (p.greedy or 0 < p.top_k <= CHUNKS):
+        token = _penalized(logits, row, cap)  # no copy of the row but the sequence's buffer (`Penalties.untouched`)
     else:
-        token = _masked(z, row, zcap)
+        raw = logits.float()
+        token = _token(raw, row, cap)
         if token < 0:
             return Sampled(-1, error="the grammar allows no next token")
     if row.logprobs is None:
         return Sampled(token)
-    lp = torch.log_softmax(soft_cap(raw, cap), dim=-1)
+    lp = torch.log_softmax(soft_cap(logits.float() if raw is None else raw, cap), dim=-1)
     top = torch.topk(lp, row.logprobs) if row.logprobs else None
     pairs = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
     return Sampled(token, float(lp[token]), pairs)
 
 
-def penalized_candidates(raw: torch.Tensor, pen, k: int, cap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _token(raw: torch.Tensor, row: Row, cap: float | None) -> int:
+    """The token of a row that reads its whole distribution (raw: fp32 [vocab]); -1: its grammar allows none."""
+    p = row.params
+    z, zcap = (raw, cap) if row.penalty is None else (row.penalty.apply(soft_cap(raw, cap)), None)
+    if row.allowed is None:
+        return _argmax(z) if p.greedy else _draw(soft_cap(z, zcap), p, row.generator)
+    return _masked(z, row, zcap)
+
+
+def penalized_candidates(logits: torch.Tensor, pen, k: int, cap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, ids) holding the top k of a penalized row's capped logits without capping the vocabulary: the
     penalties change only their touched ids (`Penalties.ids`), so the best k untouched raw values (the cap is
-    monotone), capped, and the touched ids' penalized values hold them. -inf: fewer than k untouched ids."""
-    rest = raw.clone()
-    rest[pen.ids] = float("-inf")
-    vals, idx = _top_k(rest, min(k, rest.numel()))
+    monotone; k = 1: the first best id, as argmax), capped, and the touched ids' penalized values hold them.
+    -inf: fewer than k untouched ids."""
+    rest = pen.untouched(logits)
+    if k == 1:
+        best = _argmax(rest)
+        vals, idx = rest[best:best + 1].clone(), torch.tensor([best])
+    else:
+        vals, idx = _top_k(rest, min(k, rest.numel()))
     capped = soft_cap(vals, cap).masked_fill(torch.isinf(vals), float("-inf"))
-    return torch.cat([capped, pen.values(soft_cap(raw[pen.ids], cap))]), torch.cat([idx, pen.ids])
+    return torch.cat([capped, pen.values(soft_cap(logits[pen.ids], cap))]), torch.cat([idx, pen.ids])
 
 
-def _penalized(raw: torch.Tensor, row: Row, cap: float | None) -> int:
+def _penalized(logits: torch.Tensor, row: Row, cap: float | None) -> int:
     """A greedy or top-k row's token under its penalties (`penalized_candidates`); greedy takes the lowest id
     among equal best values."""
     p = row.params
-    z, ids = penalized_candidates(raw, row.penalty, 1 if p.greedy else p.top_k, cap)
+    z, ids = penalized_candidates(logits, row.penalty, 1 if p.greedy else p.top_k, cap)
     if p.greedy:
         return int(ids[z == z.max()].min())
     return int(ids[_draw(z, p, row.generator)])

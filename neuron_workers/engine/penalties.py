@@ -10,7 +10,8 @@ transformers' `generate` does. Logprobs stay the model's distribution (`distribu
 
 The state is sparse: only the ids a penalty touches (biased, seen with a repetition penalty, or in the output)
 are kept (`ids`, with their bias, seen flag and count), so a step costs O(touched ids), not O(vocabulary): the
-262,144-token vocabulary is capped and copied only for rows that draw from all of it.
+262,144-token vocabulary is capped and copied only for rows that draw from all of it (the others read it
+through one buffer the sequence keeps, `untouched`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from neuron_workers.engine.params import SamplingParams
 
 class Penalties:
     def __init__(self, params: SamplingParams, prompt_ids: list[int], vocab: int):
-        self.vocab = vocab
+        self._buffer = None  # fp32 [vocab], made on first use: `untouched`
         self.repetition = params.repetition_penalty
         self.frequency, self.presence = params.frequency_penalty, params.presence_penalty
         start = dict(params.logit_bias)  # id -> bias; then the prompt's ids (0 bias) when they count
@@ -48,6 +49,15 @@ class Penalties:
             self.counts = torch.cat([self.counts, torch.zeros(1)])
         self.seen[i] = True
         self.counts[i] += 1
+
+    def untouched(self, logits: torch.Tensor) -> torch.Tensor:
+        """One row's logits [vocab] as fp32 with the touched ids at -inf, in this sequence's own buffer (a fresh
+        1 MiB tensor a step would cost page faults as large as the work; valid until the next call)."""
+        if self._buffer is None or self._buffer.shape != logits.shape:
+            self._buffer = torch.empty(logits.shape, dtype=torch.float32)
+        self._buffer.copy_(logits)
+        self._buffer[self.ids] = float("-inf")
+        return self._buffer
 
     def values(self, capped: torch.Tensor) -> torch.Tensor:
         """The penalized values of the touched ids, from their soft-capped fp32 logits capped [len(ids)]."""
