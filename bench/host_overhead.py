@@ -61,7 +61,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batches", default="1,8,16,32")
-    ap.add_argument("--penalties", action="store_true", help="also time the rows with penalties")
+    ap.add_argument("--penalties", action="store_true",
+                    help="instead: the sampler alone, plain rows beside the same rows with penalties")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from neuron_workers.testing.tiny_tokenizer import build_tokenizer
