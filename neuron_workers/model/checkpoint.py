@@ -100,7 +100,10 @@ def _sampling_defaults(model_dir: Path) -> dict:
     `repetition_penalty` too, which transformers applies greedy or not)."""
     gen = model_dir / "generation_config.json"
     cfg = _read_json(gen) if gen.is_file() else {}
-    rep = {"repetition_penalty": cfg["repetition_penalty"]} if cfg.get("repetition_penalty") not in (None, 1.0) else {}
+    rep = cfg.get("repetition_penalty")
+    if rep is not None and (isinstance(rep, bool) or not isinstance(rep, (int, float)) or not rep > 0):
+        raise UserError(f"{gen}: repetition_penalty must be a positive number, got {rep!r}")
+    rep = {"repetition_penalty": rep} if rep not in (None, 1.0) else {}
     if not cfg.get("do_sample"):
         return {"temperature": 0.0, **rep}
     return {**{k: cfg[k] for k in ("temperature", "top_k", "top_p") if cfg.get(k) is not None}, **rep}

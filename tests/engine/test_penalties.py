@@ -4,7 +4,8 @@ and a logit bias they equal transformers' `generate` with a logits processor tha
 independently; the same whole, chunked by 6 (the extend and mixed graphs), beside an unpenalized row that keeps
 its solo tokens, and beside rows that speculate. A bias of +100 forces a token, -100 bans one; logprobs stay the
 model's; seeded sampling is reproducible and does not depend on its neighbours; bad values are 400-style errors
-naming their field."""
+naming their field. The tests without a model (the formula, the sparse path against the dense one, the errors)
+are fast, so the xla tier runs them on torch 2.9 too."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from neuron_workers.factory import build_engine
 
 from conftest import hf_greedy, hf_reference
 
-pytestmark = pytest.mark.slow
 CTX = 96
 A = [2] + [(5 * i) % 60 + 7 for i in range(21)]  # 22 tokens: chunked by 6 it takes four pieces
 B = [2, 40, 41, 42, 43, 40, 41]
@@ -81,6 +81,7 @@ def model(request, tiny_dirs):
     return request.param, tiny_dirs[request.param], hf_reference(tiny_dirs[request.param])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [0, 6])
 def test_greedy_tokens_equal_transformers(model, chunk):
     """Each penalized row beside a plain row (which keeps its solo tokens): whole prompts, and prompts chunked by
@@ -102,6 +103,7 @@ def test_greedy_tokens_equal_transformers(model, chunk):
     assert changed >= 3  # the penalties change the tokens: the comparison can fail
 
 
+@pytest.mark.slow
 def test_penalized_rows_beside_speculating_rows(model):
     """With prompt-lookup speculation a penalized row never speculates (it decodes beside the verify); both rows'
     tokens are transformers'."""
@@ -113,6 +115,7 @@ def test_penalized_rows_beside_speculating_rows(model):
     assert eng.spec_draft_tokens > 0
 
 
+@pytest.mark.slow
 def test_logit_bias_forces_and_bans(model):
     name, path, hf = model
     eng = engine(path)
@@ -123,6 +126,7 @@ def test_logit_bias_forces_and_bans(model):
     assert banned not in got and got == hf_penalized(hf, A, greedy(logit_bias=((banned, -100.0),)))
 
 
+@pytest.mark.slow
 def test_logprobs_stay_the_models(model):
     """The chosen tokens follow the penalty; their logprobs are the log-softmax of the model's own soft-capped
     logits at each position (transformers' forward over the prompt and the tokens before)."""
@@ -140,6 +144,7 @@ def test_logprobs_stay_the_models(model):
     assert [e.top[0][0] for e in events] == lp.argmax(-1).tolist()  # the model's best, not the penalized one
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_independent_of_neighbours(model):
     name, path, hf = model
     eng = engine(path)
@@ -209,6 +214,7 @@ def test_bad_values_name_their_field(kw, param):
     assert e.value.param == param
 
 
+@pytest.mark.slow
 def test_a_bias_outside_the_vocabulary_is_refused(tiny_dirs):
     eng = engine(tiny_dirs["gemma4-e2b-tiny"])
     with pytest.raises(UserError) as e:
@@ -216,6 +222,7 @@ def test_a_bias_outside_the_vocabulary_is_refused(tiny_dirs):
     assert e.value.param == "logit_bias" and "[0, 512)" in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_repetition_penalty_in_generation_config_is_the_default(tiny_dirs, tmp_path):
     """transformers' `generate` applies generation_config's repetition_penalty; so does a request that leaves it
     unset (the replica starts from `sampling_defaults`)."""
@@ -228,3 +235,6 @@ def test_a_repetition_penalty_in_generation_config_is_the_default(tiny_dirs, tmp
     hf = hf_reference(path)
     want = hf_greedy(hf, A, 24)
     assert run(eng, [(A, greedy(**eng.sampling_defaults))]) == [want] != [run(eng, [(A, greedy())])[0]]
+    gen.write_text(json.dumps({**cfg, "repetition_penalty": "1.3"}))
+    with pytest.raises(UserError, match="repetition_penalty must be a positive number"):
+        engine(path)  # the checkpoint's mistake, said once at load, not a 400 on every request
