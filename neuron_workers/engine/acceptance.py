@@ -3,11 +3,12 @@
 A verify step fed a row its last token and k drafts and returned, for each of the k + 1 positions, the
 target's top-K candidates (`spec.Candidates` [R, T, K]). Greedy rows keep the longest prefix of the drafts
 that equals the target's argmax at each position, then the target's token at the first mismatch (or after
-the last draft): the tokens plain decoding would give. Sampled rows use speculative (rejection) sampling
-with the row's own generator: the drafts are deterministic guesses (q puts all mass on the draft), so draft
-d is kept with probability p(d), and at the first rejection the token is drawn from p with d removed
-(renormalised); after the last kept draft one more token comes from p. Each emitted token is distributed as
-the target's p (temperature, top-k, top-p as in `sampling`), whatever the drafts were.
+the last draft): the tokens plain decoding would give. Sampled rows do the same with draws: both drafters'
+drafts are deterministic (q puts all mass on the draft), so drawing x from the target's p at each position
+with the row's own generator, emitting it and going on only while x equals the draft has exactly the
+distribution of rejection sampling, and takes one random number per emitted token through the very code
+plain decoding samples with (`sampling.sample_top_k_rows`). So a seeded row emits the same tokens with or
+without speculation, whatever its neighbours do (steps without drafts draw one number per token too).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.engine.rows import soft_cap
+from neuron_workers.engine.sampling import sample_top_k_rows
 from neuron_workers.engine.topk import TopCandidates, canonical
 from neuron_workers.model.spec import Candidates
 
@@ -43,26 +45,15 @@ def target_probs(values: torch.Tensor, ids: torch.Tensor, params: SamplingParams
     return probs / probs.sum(), top[0]
 
 
-def _draw(probs: torch.Tensor, ids: torch.Tensor, generator) -> int:
-    cdf = torch.cumsum(probs, -1)
-    u = torch.rand((), generator=generator) * cdf[-1]
-    return int(ids[min(int(torch.searchsorted(cdf, u, right=True)), len(ids) - 1)])
-
-
 def sampled_tokens(cands: Candidates, row: int, drafts: list[int], params: SamplingParams, cap: float | None,
                    generator) -> list[int]:
-    """The tokens a sampled row emits under speculative sampling."""
+    """The tokens a sampled row emits: one draw per position, as plain decoding would make, while they match."""
+    view = TopCandidates(Candidates(cands.values[row], cands.ids[row]))  # [T, K]: positions as rows
+    temperature, top_p = torch.tensor([params.temperature]), torch.tensor([params.top_p])
     out = []
-    for j, d in enumerate(drafts):
-        probs, ids = target_probs(cands.values[row, j], cands.ids[row, j], params, cap)
-        hit = (ids == d).nonzero()
-        p_d = float(probs[hit[0, 0]]) if len(hit) else 0.0
-        if float(torch.rand((), generator=generator)) < p_d:
-            out.append(d)
-            continue
-        if len(hit):
-            probs = probs.clone()
-            probs[hit[0, 0]] = 0.0
-        return out + [_draw(probs / probs.sum(), ids, generator)]
-    probs, ids = target_probs(cands.values[row, len(drafts)], cands.ids[row, len(drafts)], params, cap)
-    return out + [_draw(probs, ids, generator)]
+    for j in range(len(drafts) + 1):
+        out.append(int(sample_top_k_rows(view, torch.tensor([j]), params.top_k, temperature, top_p, [generator],
+                                         cap)[0]))
+        if j == len(drafts) or out[-1] != drafts[j]:
+            return out
+    return out

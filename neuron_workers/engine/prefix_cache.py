@@ -14,6 +14,8 @@ parked there: `DecodeBatch.park`) and whose verify steps may have written reject
 usable when max(0, lcp - W + 1) >= reach - ring: always while the history fits the ring, otherwise when
 the history ends at most `ring - W` (the slack) tokens after the match (a chat turn whose re-rendered answer
 differs from the generated ids only near its end). Anything else is a full prefill, never a wrong answer.
+The reach outlives a sequence: one that reuses a slot's prefix starts from the reach its earlier occupants
+left (`take` returns it), since the rings still hold whatever they wrote past the match.
 At least one prompt token is always fed (it gives the first token's logits), and a match shorter than
 `MIN_REUSE` tokens (the BOS and turn marker every chat starts with) is not worth an extend call. Pure host
 logic.
@@ -78,8 +80,11 @@ class PrefixCache:
             return empty[0], 0
         return min(free, key=lambda s: self.kept[s][2]), 0
 
-    def take(self, slot: int, prompt_tokens: int, reused: int) -> None:
-        """A sequence of `prompt_tokens` was admitted into `slot`, reusing `reused` of them."""
-        self.kept.pop(slot, None)
+    def take(self, slot: int, prompt_tokens: int, reused: int) -> int:
+        """A sequence of `prompt_tokens` was admitted into `slot`, reusing `reused` of them; returns the reach
+        the sequence carries on: the slot's, when it reuses positions its earlier occupants wrote (they wrote
+        past them too), else 0 (it writes every position it reads itself)."""
+        _, reach, _ = self.kept.pop(slot, ((), 0, 0))
         self.query_tokens += prompt_tokens
         self.hit_tokens += reused
+        return reach if reused else 0

@@ -85,7 +85,7 @@ class Scheduler:
         seq.slot, seq.status, seq.admitted_at = slot, Status.RUNNING, time.perf_counter()
         seq.prefilled = seq.reused = reused
         if self.prefix is not None:
-            self.prefix.take(slot, len(seq.prompt_ids), reused)
+            seq.reach = max(seq.reach, self.prefix.take(slot, len(seq.prompt_ids), reused))
         self.running[seq.slot] = seq
         return seq
 

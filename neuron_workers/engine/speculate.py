@@ -35,8 +35,10 @@ from neuron_workers.model.extend_inputs import extend_inputs
 
 def check_speculative_tokens(k: int, ring: int, window: int, max_context: int, mtp: bool = False) -> None:
     """k drafts write k positions past what a row keeps: at most the ring's slack (unless the ring holds the
-    whole context and never wraps); one less for the MTP drafter, which reads W + 1 ring entries."""
+    whole context and never wraps); one less for the MTP drafter, which reads W + 1 ring entries. The verify
+    step feeds k + 1 tokens through the extend graph, whose T is at most min(ring, context)."""
     slack = max_context if ring >= max_context else ring - window - int(mtp)
+    slack = min(slack, min(ring, max_context) - 1)
     if not 0 <= k <= slack:
         raise UserError(f"num_speculative_tokens must be in [0, {slack}] (the sliding rings' slack: a rejected "
                         "draft's position must not overwrite the window)", param="num_speculative_tokens")
