@@ -8,6 +8,7 @@ import torch
 
 from neuron_workers.config import (
     EngineConfig,
+    prefix_windows,
     resolve_context,
     resolve_extend_t,
     resolve_prefill_chunk,
@@ -56,7 +57,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
     extend_t = resolve_extend_t(chunk, kind, ring, ctx) if chunk or cfg.prefix_cache else 0
     backend.extend_buckets = (extend_t,) if extend_t else ()
     engine = Engine(model, backend, prefill_chunk=chunk, prefix_cache=cfg.prefix_cache, extend_t=extend_t,
-                    speculative_tokens=speculative_tokens(cfg))
+                    speculative_tokens=speculative_tokens(cfg), prefix_windows=prefix_windows(cfg))
     if cfg.draft_model:
         attach_mtp(engine, cfg.draft_model, DTYPES[cfg.dtype])
     return engine

@@ -7,8 +7,9 @@ prefills may come between decodes. `extend(spec, inputs)` runs R rows x T new to
 and every slot's decode token in one step). `inputs` are the spec's host inputs
 (`GraphSpec.host_inputs`), in order. `decode_candidates(inputs)` is the same step through the top-K variant of the
 decode graph (`candidates` K; 0: the backend has none), which returns each row's K best logits and ids instead of the
-whole vocabulary. Subclasses implement `_run(spec, inputs)` only: it returns the outputs before the KV buffers (the
-logits, or candidate values and ids).
+whole vocabulary. Subclasses implement `_run(spec, inputs)`: it returns the outputs before the KV buffers (the
+logits, or candidate values and ids); those that keep sliding windows for prefix reuse (`prefix_windows`) also
+`make_window_pool`, `save_window`, `restore_window` and `clone_slot`.
 """
 
 from __future__ import annotations
@@ -118,6 +119,22 @@ class GraphBackend:
         """One draft step for every slot (`draft_graph.DraftGraph`'s host inputs): (draft ids [B, 1], the
         drafter's next hidden state [B, 1, H])."""
         raise NotImplementedError(f"{type(self).__name__} has no MTP drafter")
+
+    def make_window_pool(self, entries: int) -> None:
+        """Room for `entries` kept sliding windows beside the KV (`model/kept_windows.py`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no sliding windows (prefix_windows: 0)")
+
+    def save_window(self, slot: int, entry: int, start: int) -> None:
+        """Pool entry `entry` <- slot `slot`'s sliding windows of positions start .. start + W - 1."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no sliding windows")
+
+    def restore_window(self, slot: int, entry: int, start: int) -> None:
+        """Slot `slot`'s rings at positions start .. start + W - 1 <- pool entry `entry`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no sliding windows")
+
+    def clone_slot(self, src: int, dst: int, n: int) -> None:
+        """Slot `dst` <- slot `src`'s first `n` positions (full layers) and its rings."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no sliding windows")
 
     def _run(self, spec: GraphSpec, inputs):
         raise NotImplementedError

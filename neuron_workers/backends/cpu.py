@@ -13,6 +13,7 @@ import torch
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.config import CPU_MODES
+from neuron_workers.model import kept_windows
 from neuron_workers.model.dims import FULL, SLIDING, ModelDims
 from neuron_workers.model.graphs import build_graph
 from neuron_workers.model.spec import DECODE, GraphSpec
@@ -46,6 +47,23 @@ class CpuBackend(GraphBackend):
         n = spec.num_heads
         self.kv = list(out[n:])
         return out[0] if n == 1 else tuple(out[:n])
+
+    @torch.inference_mode()
+    def make_window_pool(self, entries: int) -> None:
+        self._windows = kept_windows.sliding_buffers(self.dims)
+        self._pool = kept_windows.make_pool(self.kv, self._windows, entries, self.dims.sliding_window)
+
+    @torch.inference_mode()
+    def save_window(self, slot: int, entry: int, start: int) -> None:
+        kept_windows.save(self.kv, self._pool, self._windows, slot, entry, start)
+
+    @torch.inference_mode()
+    def restore_window(self, slot: int, entry: int, start: int) -> None:
+        kept_windows.restore(self.kv, self._pool, self._windows, slot, entry, start)
+
+    @torch.inference_mode()
+    def clone_slot(self, src: int, dst: int, n: int) -> None:
+        kept_windows.clone(self.kv, self._windows, src, dst, n)
 
     def attach_drafter(self, assistant) -> None:
         from neuron_workers.model.assistant import store_layers

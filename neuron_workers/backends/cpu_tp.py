@@ -49,6 +49,9 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
                 backend.attach_drafter(_sharded_assistant(cmd[1], dtype, tp, rank, TorchDistCollectives(tp)))
                 replies.put(("ready", rank, None))
                 continue
+            if cmd[0] == "window":  # kept sliding windows: make_window_pool / save_window / restore_window
+                getattr(backend, cmd[1])(*cmd[2])
+                continue
             key, inputs = cmd
             out = backend.draft(inputs) if key == "draft" else backend._run(backend.spec(*key), inputs)
             if rank == 0:
@@ -125,6 +128,24 @@ class TpCpuBackend(GraphBackend):
 
     def draft(self, inputs):
         return self._ask("draft", inputs)
+
+    def make_window_pool(self, entries: int) -> None:
+        self._windows("make_window_pool", entries)
+
+    def save_window(self, slot: int, entry: int, start: int) -> None:
+        self._windows("save_window", slot, entry, start)
+
+    def restore_window(self, slot: int, entry: int, start: int) -> None:
+        self._windows("restore_window", slot, entry, start)
+
+    def clone_slot(self, src: int, dst: int, n: int) -> None:
+        self._windows("clone_slot", src, dst, n)
+
+    def _windows(self, op: str, *args) -> None:
+        """Every rank copies its own share (queued before the next step's inputs, so in order; a rank that
+        fails reports it at the next step)."""
+        for q in self.cmds:
+            q.put(("window", op, args))
 
     def close(self) -> None:
         for q, p in zip(self.cmds, self.procs):

@@ -29,7 +29,8 @@ from neuron_workers.engine.grammar import GrammarError, Grammars, RowGrammar
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.engine.penalties import Penalties
 from neuron_workers.engine.prefill import Prefills
-from neuron_workers.engine.prefix_cache import PrefixCache
+from neuron_workers.engine.prefix_cache import MIN_REUSE, PrefixCache
+from neuron_workers.engine.prefix_windows import WindowPool, keep_points
 from neuron_workers.engine.sampling import Row, Sampled, make_generator, needs_logits, sample_rows
 from neuron_workers.engine.scheduler import Scheduler
 from neuron_workers.engine.sequence import Sequence
@@ -45,14 +46,15 @@ log = logging.getLogger(__name__)
 
 class Engine(Texts, Prefills, Speculation):
     def __init__(self, model, backend: Backend, prefill_tokens_per_step: int | None = None, prefill_chunk: int = 0,
-                 prefix_cache: bool = False, extend_t: int = 0, speculative_tokens: int = 0):
+                 prefix_cache: bool = False, extend_t: int = 0, speculative_tokens: int = 0, prefix_windows: int = 0):
         self.model, self.backend = model, backend
         self.dims, self.tokenizer = model.dims, model.tokenizer
         self.max_context, self.max_batch = backend.max_context, backend.max_batch
         self.batch = DecodeBatch(backend.spec(DECODE), model.ple, self.dims.sliding_window)
         self.prefill_chunk = prefill_chunk  # 0: whole prompts; else longer ones go through the extend graph
         self.extend_t = prefill_chunk or extend_t  # T of the extend graph (chunks, and the rest of a reused prefix)
-        self.prefix = PrefixCache(self.batch.window, self.batch.ring) if prefix_cache and self.extend_t else None
+        self.prefix = PrefixCache(self.batch.window, self.batch.ring, self._window_pool(prefix_windows)) \
+            if prefix_cache and self.extend_t else None
         budget = prefill_tokens_per_step or (prefill_chunk + self.max_batch if prefill_chunk else max(backend.buckets))
         self.scheduler = Scheduler(self.max_batch, budget, prefill_chunk, self.prefix, self.extend_t)
         check_speculative_tokens(speculative_tokens, self.batch.ring, self.batch.window, self.max_context)
@@ -62,6 +64,15 @@ class Engine(Texts, Prefills, Speculation):
         self.mixed_steps = bool(self.extend_t and getattr(backend, "mixed_steps", False))
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
+
+    def _window_pool(self, entries: int) -> WindowPool | None:
+        """The kept sliding windows (`engine/prefix_windows.py`): `entries` of them on the backend, unless the
+        rings hold the whole context (they never wrap)."""
+        if entries <= 0 or self.batch.ring >= self.max_context:
+            return None
+        self.backend.make_window_pool(entries)
+        self._turn_end = _token_id(self.tokenizer, "<turn|>")
+        return WindowPool(entries)
 
     @property
     def sampling_defaults(self) -> dict:
@@ -115,10 +126,13 @@ class Engine(Texts, Prefills, Speculation):
         eos = set() if params.ignore_eos else set(self.model.eos_token_ids)
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens, self.unused_ids) \
             if self.tokenizer else None
+        windows = self.prefix is not None and self.prefix.windows is not None
         return Sequence(list(prompt_ids), params, frozenset(set(params.stop_token_ids) | eos),
                         None if params.greedy else make_generator(params.seed), detok, StopStrings(stop or []),
                         grammar=grammar, logprobs=logprobs,
-                        penalties=Penalties(params, prompt_ids, vocab) if params.penalized else None)
+                        penalties=Penalties(params, prompt_ids, vocab) if params.penalized else None,
+                        keep_points=keep_points(prompt_ids, self._turn_end, self.extend_t, MIN_REUSE)
+                        if windows else ())
 
     # --- scheduling ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -141,6 +155,8 @@ class Engine(Texts, Prefills, Speculation):
         events: list[EngineEvent] = []
         decoding = sum(1 for s in self.scheduler.running.values() if s.output_ids)
         work = self.scheduler.prefill_work(decoding)
+        events += [e for e in (self._guard(s, self._restore) for s, _ in work if s.restore is not None) if e]
+        work = [(seq, n) for seq, n in work if not seq.finished]
         mixed = self._mixable(work, decoding)
         for seq, n in (w for i, w in enumerate(work) if i != mixed):
             ev = self._guard(seq, lambda s, n=n: self._prefill_work(s, n))
@@ -264,3 +280,12 @@ class Engine(Texts, Prefills, Speculation):
             if isinstance(ev, ErrorEvent):
                 raise RuntimeError(ev.message)
             yield ev
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    """The id of a special token in this tokenizer's vocabulary, or None."""
+    try:
+        i = tokenizer.convert_tokens_to_ids(token) if tokenizer is not None else None
+    except Exception:
+        return None
+    return i if isinstance(i, int) and tokenizer.convert_ids_to_tokens(i) == token else None

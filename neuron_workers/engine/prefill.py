@@ -24,19 +24,48 @@ class Prefills:
     def _prefill_work(self, seq: Sequence, n: int) -> TokenEvent | None:
         """Prefill `n` more prompt tokens of `seq` (from `seq.prefilled`): the first token's event once the
         prompt is done, else None."""
-        if seq.prefilled == 0 and n == len(seq.prompt_ids):
-            return self._prefill(seq)
+        if self._by_prefill_graph(seq, n):
+            return self._prefill(seq, n)
         return self._extend(seq, n)
 
-    def _prefill(self, seq: Sequence) -> TokenEvent:
-        ids = seq.prompt_ids
-        bucket = choose_bucket(len(ids), self.backend.buckets)
+    def _by_prefill_graph(self, seq: Sequence, n: int) -> bool:
+        """A piece from position 0 goes through a prefill bucket: a whole prompt, or (chunking off) the prompt
+        up to a point whose sliding window is kept (`Scheduler._piece`)."""
+        return seq.prefilled == 0 and (n == len(seq.prompt_ids) or not self.prefill_chunk)
+
+    def _prefill(self, seq: Sequence, n: int) -> TokenEvent | None:
+        ids = seq.prompt_ids[:n]
+        bucket = choose_bucket(n, self.backend.buckets)
         spec = self.backend.spec(PREFILL, bucket)
         inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
         logits = self.backend.prefill(bucket, inputs)
-        self.scheduler.prefilled(seq, len(ids))
-        self.batch.start(seq.slot, len(ids))
+        self._prefilled(seq, n)
+        if n < len(seq.prompt_ids):
+            self.batch.park(seq.slot, n)
+            return None
+        self.batch.start(seq.slot, n)
         return self._emit(seq, self._sample(logits, [(0, seq)])[0])
+
+    def _prefilled(self, seq: Sequence, n: int) -> None:
+        """`n` more prompt tokens of `seq` are in its slot: keep the sliding windows of the points the rings
+        hold now and will not after the next piece (every point from the last piece on, up to the slack)."""
+        self.scheduler.prefilled(seq, n)
+        windows = self.prefix.windows if self.prefix is not None else None
+        if windows is None:
+            return
+        end, slack = seq.prefilled, self.batch.ring - self.batch.window
+        for p in seq.keep_points:
+            if max(seq.reused, end - slack) <= p <= end and p > seq.reused and not windows.holds(seq.slot, p):
+                self.backend.save_window(seq.slot, windows.claim(seq.slot, p), p - self.batch.window)
+
+    def _restore(self, seq: Sequence) -> None:
+        """Before `seq`'s first piece: the slot it reuses is cloned into its own, then the kept window it was
+        admitted with goes back into its rings."""
+        (src, entry), seq.restore = seq.restore, None
+        if src is not None:
+            self.backend.clone_slot(src, seq.slot, seq.reused)
+        if entry is not None:
+            self.backend.restore_window(seq.slot, entry, seq.reused - self.batch.window)
 
     def _extend(self, seq: Sequence, n: int) -> TokenEvent | None:
         """The next `n` prompt tokens of `seq` through the extend graph (T = extend_t, one row); the last
@@ -51,7 +80,7 @@ class Prefills:
         inputs = extend_inputs(spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
                                self.dims.sliding_window)
         scores = self.backend.extend(spec, inputs)
-        self.scheduler.prefilled(seq, n)
+        self._prefilled(seq, n)
         if not last:
             self.batch.park(seq.slot, seq.prefilled)
             return None
@@ -64,8 +93,7 @@ class Prefills:
         `work`): the first one through the extend graph, when rows decode and the backend has the graph."""
         if not (self.mixed_steps and decoding):
             return None
-        return next((i for i, (seq, n) in enumerate(work)
-                     if seq.prefilled or n < len(seq.prompt_ids)), None)
+        return next((i for i, (seq, n) in enumerate(work) if not self._by_prefill_graph(seq, n)), None)
 
     def _mixed(self, seq: Sequence, n: int, running: list[Sequence]) -> list[EngineEvent]:
         """The next `n` prompt tokens of `seq` and one decode token of every row of `running`, in one mixed
@@ -86,7 +114,7 @@ class Prefills:
         except Exception as e:  # the backend failed: these sequences end, the engine goes on
             log.exception("mixed step failed")
             return [self._fail(s, e) for s in [*running, seq]]
-        self.scheduler.prefilled(seq, n)
+        self._prefilled(seq, n)
         if last:
             self.batch.start(seq.slot, len(seq.prompt_ids))
         else:

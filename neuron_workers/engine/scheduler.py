@@ -10,8 +10,10 @@ chunking sequence frees its slot at the step boundary, as any other.
 
 Prefix reuse (`prefix`, a `PrefixCache`): a waiting sequence is admitted into the free slot that already
 holds the longest usable prefix of its prompt (`seq.reused` tokens, counted as prefilled) and prefills the
-rest through the extend graph, `extend_t` tokens a step. Reuse only picks which free slot the head of the
-queue takes: admission order stays FIFO, so no waiting sequence is starved by it."""
+rest through the extend graph, `extend_t` tokens a step; a match past the rings' slack restores a kept sliding
+window first (`seq.restore`), and a prefill piece ends at each point whose window is to be kept (`_piece`).
+Reuse only picks which free slot the head of the queue takes: admission order stays FIFO, so no waiting
+sequence is starved by it."""
 
 from __future__ import annotations
 
@@ -50,18 +52,18 @@ class Scheduler:
         budget = self.prefill_tokens_per_step - (decode_rows if self.chunk else 0)
         if self.chunking is not None:
             seq = self.chunking
-            n = min(self._unit(seq.prefilled), len(seq.prompt_ids) - seq.prefilled)
+            n = self._piece(seq, seq.prefilled)
             work.append((seq, n))
             budget, chunked = budget - n, True
         while self.waiting and self.free_slots:
             seq = self.waiting[0]
-            slot, hit = self.prefix.choose(seq.prompt_ids, self.free_slots) if self.prefix else (self.free_slots[0], 0)
-            rest, unit = len(seq.prompt_ids) - hit, self._unit(hit)
-            long = bool(unit) and rest > unit
-            cost = unit if long else rest
+            slot, hit, entry, src = self.prefix.choose(seq.prompt_ids, self.free_slots) if self.prefix \
+                else (self.free_slots[0], 0, None, None)
+            cost = self._piece(seq, hit)
+            long = cost < len(seq.prompt_ids) - hit
             if work and (cost > budget or (long and chunked)):
                 break
-            self._admit_one(slot, hit)
+            self._admit_one(slot, hit, entry, src)
             if long:
                 self.chunking, chunked = seq, True
             work.append((seq, cost))
@@ -73,19 +75,30 @@ class Scheduler:
         off and nothing reused); a reused prefix's rest always goes through the extend graph."""
         return self.chunk or (self.extend_t if start else 0)
 
+    def _piece(self, seq: Sequence, start: int) -> int:
+        """The prompt tokens of `seq`'s next prefill piece from `start`: a unit (or the whole rest), ended at a
+        kept-window point whose window the rings would no longer hold after it (`engine/prefix_windows.py`)."""
+        rest, unit = len(seq.prompt_ids) - start, self._unit(start)
+        n = min(rest, unit) if unit else rest
+        slack = self.prefix.ring - self.prefix.window if self.prefix is not None else 0
+        cut = next((p for p in seq.keep_points if start < p < start + n - slack), None)
+        return n if cut is None else cut - start
+
     def prefilled(self, seq: Sequence, n: int) -> None:
         """`n` more prompt tokens of `seq` are in its slot."""
         seq.prefilled += n
         if self.chunking is seq and seq.prefilled >= len(seq.prompt_ids):
             self.chunking = None
 
-    def _admit_one(self, slot: int, reused: int) -> Sequence:
+    def _admit_one(self, slot: int, reused: int, entry: int | None = None, src: int | None = None) -> Sequence:
         seq = self.waiting.popleft()
         self.free_slots.remove(slot)
         seq.slot, seq.status, seq.admitted_at = slot, Status.RUNNING, time.perf_counter()
         seq.prefilled = seq.reused = reused
+        # what the engine copies into the slot before its first piece: another slot's KV, a kept window
+        seq.restore = (src, entry) if src is not None or entry is not None else None
         if self.prefix is not None:
-            seq.reach = max(seq.reach, self.prefix.take(slot, len(seq.prompt_ids), reused))
+            seq.reach = max(seq.reach, self.prefix.take(slot, len(seq.prompt_ids), reused, entry, src))
         self.running[seq.slot] = seq
         return seq
 

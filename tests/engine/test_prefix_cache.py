@@ -121,21 +121,21 @@ def test_usable_rule_and_slot_choice():
     assert c.usable(30, 16) and c.usable(5, 16)  # a history that fits the ring keeps every position
     assert c.usable(40, 49) and not c.usable(40, 50)  # else it may end at most ring - window past the match
     c.keep(3, list(range(100, 148)), reach=60)  # 48 kept; rejected drafts were written up to position 59
-    assert c.match(list(range(100, 148)) + [0], 3) == 0
+    assert c.match(list(range(100, 148)) + [0], 3) == (0, None)
     c.keep(3, list(range(100, 148)))
-    assert c.match(list(range(100, 148)) + [0], 3) == 48
+    assert c.match(list(range(100, 148)) + [0], 3) == (48, None)
     hist = list(range(100, 160))
     c.keep(0, hist[:30])
     c.keep(1, hist)
     c.keep(2, hist[:50])
     prompt = hist[:52] + [1, 2]
-    assert c.match(prompt, 1) == 52 and c.match(prompt, 2) == 50 and c.match(prompt, 0) == 30
-    assert c.choose(prompt, [0, 1, 2, 3]) == (1, 52)
-    assert c.match(hist[:MIN_REUSE - 1] + [0], 0) == 0  # too short to be worth an extend
-    assert c.match(hist[:30], 0) == 29  # the last prompt token is always fed
+    assert c.match(prompt, 1) == (52, None) and c.match(prompt, 2) == (50, None) and c.match(prompt, 0) == (30, None)
+    assert c.choose(prompt, [0, 1, 2, 3]) == (1, 52, None, None)
+    assert c.match(hist[:MIN_REUSE - 1] + [0], 0) == (0, None)  # too short to be worth an extend
+    assert c.match(hist[:30], 0) == (29, None)  # the last prompt token is always fed
     c.drop(3)
-    assert c.choose([5] * 20, [0, 1, 2, 3]) == (3, 0)  # no match: an empty slot before evicting
-    assert c.choose([5] * 20, [1, 2, 0]) == (0, 0)  # else the least recently used
+    assert c.choose([5] * 20, [0, 1, 2, 3]) == (3, 0, None, None)  # no match: an empty slot before evicting
+    assert c.choose([5] * 20, [1, 2, 0]) == (0, 0, None, None)  # else the least recently used
     c.take(1, len(prompt), 52)
     assert 1 not in c.kept and (c.query_tokens, c.hit_tokens) == (54, 52)
 

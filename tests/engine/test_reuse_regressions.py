@@ -25,8 +25,9 @@ A = [2] + [(7 * i + 11) % 430 + 20 for i in range(39)]  # 40 tokens: past the ri
 
 
 def engine(path, **kw):
+    """One slot, the rings alone (no kept windows: those would serve C from a kept point, `test_prefix_windows`)."""
     return build_engine(EngineConfig(model=str(path), max_context=CTX, prefill_buckets=(16, 64, 128),
-                                     max_batch=1, **kw))
+                                     max_batch=1, prefix_windows=0, **kw))
 
 
 def greedy(eng, ids, n):
@@ -127,16 +128,16 @@ class Mix:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,spec", [("gemma4-e2b-tiny", False), ("gemma4-e4b-tiny", True),
-                                       ("gemma4-12b-tiny", True)])
-def test_random_mix_equals_solo_runs(name, spec, tiny_dirs):
+@pytest.mark.parametrize("name,spec,windows", [("gemma4-e2b-tiny", False, None), ("gemma4-e4b-tiny", True, 0),
+                                               ("gemma4-12b-tiny", True, None), ("gemma4-12b-tiny", False, 0)])
+def test_random_mix_equals_solo_runs(name, spec, windows, tiny_dirs):
     """Bounded and seeded: 40 greedy sequences over 2 slots, arriving over time, some cancelled after a random
-    number of steps, chunked prefill (5) and prompt-lookup speculation (k=3); each one's tokens (up to its
-    cancel) equal its run alone on a cold engine without prefix reuse."""
+    number of steps, chunked prefill (5), prompt-lookup speculation (k=3), kept windows (default) or the rings
+    alone (0); each one's tokens (up to its cancel) equal its run alone on a cold engine without prefix reuse."""
     rng = random.Random(f"{name}{spec}")
     kw = dict(prefill_chunk=5, **(dict(speculative_method="ngram", num_speculative_tokens=3) if spec else {}))
     common = dict(model=str(tiny_dirs[name]), max_context=CTX, prefill_buckets=(16, 64, 128), **kw)
-    eng, cold = build_engine(EngineConfig(max_batch=2, **common)), \
+    eng, cold = build_engine(EngineConfig(max_batch=2, prefix_windows=windows, **common)), \
         build_engine(EngineConfig(max_batch=1, prefix_cache=False, **common))
     try:
         mix = Mix(eng)
