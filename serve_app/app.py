@@ -1,14 +1,17 @@
 """The application builder `serve run` calls (import path `serve_app.app:build_app`, args = AppArgs).
 
 One ModelServer deployment per configured model (named `Model_<name>`), each replica asking Ray for
-`neuron_cores: tp` on the neuron backend and for nothing on cpu, plus the Router ingress.
+`neuron_cores: tp` on the neuron backend and for nothing on cpu, routed by prefix (`ops/prefix_router.py`)
+unless `prefix_routing` is off, plus the Router ingress.
 """
 
 from ray import serve  # no `from __future__ import annotations`: Serve reads build_app's annotation
+from ray.serve.config import RequestRouterConfig
 
 from serve_app.config import API_KEY_ENV, AppArgs, ModelSpec
 from serve_app.ops import ray_env
 from serve_app.ops.autoscale import autoscaling_config
+from serve_app.ops.prefix_router import PrefixAffinityRouter
 from serve_app.replica.model_server import ModelServer
 from serve_app.router import Router
 
@@ -22,6 +25,10 @@ def deployment_options(m: ModelSpec, args: AppArgs) -> dict:
                 max_ongoing_requests=m.ongoing_limit, max_queued_requests=m.max_queued_requests,
                 graceful_shutdown_wait_loop_s=args.graceful_shutdown_wait_loop_s,
                 graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s)
+    if m.prefix_routing:
+        opts["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter,
+            request_router_kwargs={"imbalance": m.prefix_routing_imbalance, "model": m.name})
     if m.min_replicas == m.max_replicas:
         opts["num_replicas"] = m.max_replicas
     else:

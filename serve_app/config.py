@@ -54,6 +54,12 @@ class ModelSpec(EngineFields):
     engine_options: dict = Field(default_factory=dict, description="Extra options for a custom engine factory")
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
+    prefix_routing: bool = Field(True, description="With several replicas, send a request to the replica that "
+                                 "served its longest prefix (serve_app/ops/prefix_router.py) unless that one is "
+                                 "busier than the rest by more than prefix_routing_imbalance; else Serve's "
+                                 "power-of-two choice")
+    prefix_routing_imbalance: int = Field(4, ge=0, description="Queued requests a prefix match may cost beyond the "
+                                          "least busy replica")
     target_ongoing_requests: float | None = Field(
         None, gt=0, description="Autoscaling target per replica (default: max_batch, a replica is busy when its "
         "batch slots are)")

@@ -65,6 +65,7 @@ class StepStats:
     prefix_hit_tokens: int = 0  # of which a kept slot held already
     spec_draft_tokens: int = 0  # since the engine started: drafts verified
     spec_accepted_tokens: int = 0  # of which kept
+    prefix_window_hit_tokens: int = 0  # of the prefix hits, those served through a restored sliding window
 
 
 class EngineLoop:
@@ -128,7 +129,8 @@ class EngineLoop:
             e = self.engine
             self.on_step(StepStats(len(s.running), len(s.waiting), decoded, e.max_batch,
                                    p.query_tokens if p else 0, p.hit_tokens if p else 0,
-                                   getattr(e, "spec_draft_tokens", 0), getattr(e, "spec_accepted_tokens", 0)))
+                                   getattr(e, "spec_draft_tokens", 0), getattr(e, "spec_accepted_tokens", 0),
+                                   getattr(p, "window_hit_tokens", 0)))
 
     def _deliver(self, events: list[EngineEvent]) -> None:
         for ev in events:

@@ -2,7 +2,8 @@
 prefix, counters a `_total` suffix; every series is tagged with application, deployment, replica and model).
 Names follow vLLM's: time to first token, inter-token latency, queue time, tokens, finished requests,
 running / waiting sequences, the batch occupancy of each decode step, the prefix cache's query and hit
-tokens, and speculative decoding's draft and accepted tokens.
+tokens (and of those, the ones a restored sliding window served), and speculative decoding's draft and accepted
+tokens. The router's prefix-aware routing counts the requests it sent by a match (`ops/prefix_router.py`).
 
 `prometheus_text` is what the router's `GET /metrics` serves: every alive node's metrics agent, scraped in
 threads, kept to the serving series unless all are asked for (`serving_only`: an idle cluster's agents export
@@ -42,14 +43,16 @@ class ServerMetrics:
                                             "prefix reuse is on", tag)
         self.prefix_hit = metrics.Counter("gemma4_prefix_cache_hit_tokens", "Prompt tokens a slot's kept KV held, "
                                           "not prefilled again", tag)
+        self.prefix_window_hit = metrics.Counter("gemma4_prefix_cache_window_hit_tokens", "Of the prefix hit "
+                                                 "tokens, those served through a restored sliding window", tag)
         self.spec_drafts = metrics.Counter("gemma4_spec_decode_num_draft_tokens", "Draft tokens verified", tag)
         self.spec_accepted = metrics.Counter("gemma4_spec_decode_num_accepted_tokens", "Draft tokens accepted", tag)
         for m in (self.ttft, self.itl, self.queue, self.prompt_tokens, self.generation_tokens, self.running,
-                  self.waiting, self.occupancy, self.prefix_query, self.prefix_hit, self.spec_drafts,
-                  self.spec_accepted):
+                  self.waiting, self.occupancy, self.prefix_query, self.prefix_hit, self.prefix_window_hit,
+                  self.spec_drafts, self.spec_accepted):
             m.set_default_tags(dict(self.tags))  # Ray adds its own tags to the dict it is given
         self._gauges_at = 0.0
-        self._totals = (0, 0, 0, 0)  # the engine's totals already counted
+        self._totals = (0, 0, 0, 0, 0)  # the engine's totals already counted
 
     def request(self) -> "RequestTimer":
         return RequestTimer(self)
@@ -71,9 +74,10 @@ class ServerMetrics:
         """The engine's running totals (prefix cache, speculative decoding), counted by what they grew since
         the last message (a restarted engine process starts again at 0)."""
         now = (stats.prefix_query_tokens, stats.prefix_hit_tokens, stats.spec_draft_tokens,
-               stats.spec_accepted_tokens)
-        seen = self._totals if all(a >= b for a, b in zip(now, self._totals)) else (0, 0, 0, 0)
-        for counter, a, b in zip((self.prefix_query, self.prefix_hit, self.spec_drafts, self.spec_accepted), now, seen):
+               stats.spec_accepted_tokens, stats.prefix_window_hit_tokens)
+        seen = self._totals if all(a >= b for a, b in zip(now, self._totals)) else (0,) * len(now)
+        counters = (self.prefix_query, self.prefix_hit, self.spec_drafts, self.spec_accepted, self.prefix_window_hit)
+        for counter, a, b in zip(counters, now, seen):
             if a > b:
                 counter.inc(a - b)
         self._totals = now
