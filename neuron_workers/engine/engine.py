@@ -64,6 +64,7 @@ class Engine(Texts, Prefills, Speculation):
         self.mixed_steps = bool(self.extend_t and getattr(backend, "mixed_steps", False))
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
+        self._turn_end = _token_id(self.tokenizer, "<turn|>")  # kept-window points: the first turn's end
 
     def _window_pool(self, entries: int) -> WindowPool | None:
         """The kept sliding windows (`engine/prefix_windows.py`): `entries` of them on the backend, unless the
@@ -71,7 +72,6 @@ class Engine(Texts, Prefills, Speculation):
         if entries <= 0 or self.batch.ring >= self.max_context:
             return None
         self.backend.make_window_pool(entries)
-        self._turn_end = _token_id(self.tokenizer, "<turn|>")
         return WindowPool(entries)
 
     @property

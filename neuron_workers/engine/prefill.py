@@ -55,7 +55,7 @@ class Prefills:
             return
         end, slack = seq.prefilled, self.batch.ring - self.batch.window
         for p in seq.keep_points:
-            if max(seq.reused, end - slack) <= p <= end and p > seq.reused and not windows.holds(seq.slot, p):
+            if max(seq.reused + 1, end - slack) <= p <= end and not windows.holds(seq.slot, p):
                 self.backend.save_window(seq.slot, windows.claim(seq.slot, p), p - self.batch.window)
 
     def _restore(self, seq: Sequence) -> None:
