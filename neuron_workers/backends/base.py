@@ -83,9 +83,10 @@ class GraphBackend:
 
     def extend_spec(self, t: int, rows: int = 1, logits: bool = False, per_position: bool = False) -> GraphSpec:
         """The extend graph of `rows` x `t` new tokens: top-K candidates of the last position (of every
-        position with `per_position`), or the last position's full logits (`logits`)."""
+        position with `per_position`), or the last position's full logits (`logits`; every position's with
+        `per_position`: prompt logprobs)."""
         k = 0 if logits or not self.candidates else self.candidates
-        return self.spec(EXTEND, t, k, rows, per_position and bool(k), self.hidden_states and bool(k))
+        return self.spec(EXTEND, t, k, rows, per_position, self.hidden_states and bool(k))
 
     def mixed_spec(self, t: int, logits: bool = False) -> GraphSpec:
         """The mixed graph: the decode tokens of all slots and `t` chunk tokens of one row in one step; top-K

@@ -29,6 +29,7 @@ class CpuBackend(GraphBackend):
         self.hf_lm, self.mode = hf_lm, mode
         self._graphs: dict[str, object] = dict(programs or {})
         self.kv = [t.zeros() for t in self.spec(DECODE).kv_inputs]
+        self.prompt_scores = True  # builds the per-position logits extend graph on first use (prompt logprobs)
 
     def graph(self, spec: GraphSpec):
         fn = self._graphs.get(spec.tag)

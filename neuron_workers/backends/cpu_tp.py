@@ -82,6 +82,7 @@ class TpCpuBackend(GraphBackend):
         plan = plan_for(load_model(model_dir, dtype, with_weights=False).info.text_config, tp)
         super().__init__(dims, max_context, buckets, max_batch, dtype, plan.kv_heads)
         self.tp, self.plan = tp, plan
+        self.prompt_scores = True  # the ranks build the per-position logits extend graph on first use
         ctx = mp.get_context("spawn")
         self._init_file = tempfile.NamedTemporaryFile(prefix="gemma4-tp-", delete=False).name
         os.unlink(self._init_file)

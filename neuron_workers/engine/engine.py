@@ -113,12 +113,17 @@ class Engine(Texts, Prefills, Speculation):
 
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] | None = None, *,
                      grammar: RowGrammar | None = None, logprobs: int | None = None,
-                     skip_special_tokens: bool = True) -> Sequence:
+                     skip_special_tokens: bool = True, prompt_logprobs: int | None = None) -> Sequence:
         """A validated sequence, ready for `add` (a UserError here costs the engine nothing). `grammar`
         (from `grammars.compile`) constrains every token; `logprobs` (n >= 0) asks for the chosen token's
-        logprob and the top n; `skip_special_tokens=False` keeps control tokens in the text (for parsers).
-        Penalties and a logit bias in `params` get the sequence's own `Penalties`."""
+        logprob and the top n; `prompt_logprobs` (n >= 0) the same for every prompt token (on its first event;
+        its prompt is prefilled whole, `prefill.Prefills._score`); `skip_special_tokens=False` keeps control
+        tokens in the text (for parsers). Penalties and a logit bias in `params` get the sequence's own
+        `Penalties`."""
         self.validate(prompt_ids, params.max_tokens)
+        if prompt_logprobs is not None and not (self.extend_t and getattr(self.backend, "prompt_scores", False)):
+            raise UserError("prompt logprobs need the per-position extend graph, which this backend does not have "
+                            "(the cpu backend has it)", param="prompt_logprobs")
         vocab = self.dims.vocab_size
         bad = [t for t, _ in params.logit_bias if t >= vocab]
         if bad:
@@ -132,7 +137,7 @@ class Engine(Texts, Prefills, Speculation):
                         grammar=grammar, logprobs=logprobs,
                         penalties=Penalties(params, prompt_ids, vocab) if params.penalized else None,
                         keep_points=keep_points(prompt_ids, self._turn_end, self.extend_t, MIN_REUSE)
-                        if windows else ())
+                        if windows else (), prompt_logprobs=prompt_logprobs)
 
     # --- scheduling ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

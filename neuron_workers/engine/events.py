@@ -16,6 +16,9 @@ class TokenEvent:
     finish_reason: str | None  # None while generating, then "stop" or "length"
     logprob: float | None = None  # when the sequence asked for logprobs: the token's (model distribution)
     top: tuple[tuple[int, float], ...] = ()  # and the top n (token id, logprob), best first
+    # the first event of a sequence that asked for prompt logprobs: per prompt token, None for the first, else
+    # (its logprob given the tokens before it, the top n (token id, logprob) there)
+    prompt_logprobs: tuple | None = None
 
     @property
     def final(self) -> bool:

@@ -8,10 +8,13 @@ round of drafts reads). Needs the engine's `backend`, `model`, `dims`, `batch`, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
+import torch
+
 from neuron_workers.engine.events import EngineEvent, TokenEvent
-from neuron_workers.engine.sampling import Row, needs_logits
+from neuron_workers.engine.sampling import Row, needs_logits, soft_cap
 from neuron_workers.engine.sequence import Sequence
 from neuron_workers.model.extend_inputs import extend_inputs, mixed_inputs
 from neuron_workers.model.host_inputs import choose_bucket, prefill_inputs
@@ -31,7 +34,8 @@ class Prefills:
     def _by_prefill_graph(self, seq: Sequence, n: int) -> bool:
         """A piece from position 0 goes through a prefill bucket: a whole prompt, or (chunking off) the prompt
         up to a point whose sliding window is kept (`Scheduler._piece`)."""
-        return seq.prefilled == 0 and (n == len(seq.prompt_ids) or not self.prefill_chunk)
+        return seq.prefilled == 0 and (n == len(seq.prompt_ids) or not self.prefill_chunk) \
+            and seq.prompt_logprobs is None
 
     def _prefill(self, seq: Sequence, n: int) -> TokenEvent | None:
         ids = seq.prompt_ids[:n]
@@ -75,25 +79,43 @@ class Prefills:
         last = start + n == len(seq.prompt_ids)
         rows = self._rows([(0, seq)]) if last else []
         k = self.backend.candidates
-        logits = not k or any(needs_logits(r, k) for r in rows if isinstance(r, Row))
-        spec = self.backend.extend_spec(self.extend_t, 1, logits=logits)
+        scored = seq.prompt_logprobs is not None
+        logits = not k or scored or any(needs_logits(r, k) for r in rows if isinstance(r, Row))
+        spec = self.backend.extend_spec(self.extend_t, 1, logits=logits, per_position=scored)
         inputs = extend_inputs(spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
                                self.dims.sliding_window)
         scores = self.backend.extend(spec, inputs)
+        if scored:  # every position's logits [1, T, vocab]: the prompt's logprobs, then the last one's row
+            self._score(seq, scores[0, :n], start)
+            scores = scores[:, n - 1]
         self._prefilled(seq, n)
         if not last:
             self.batch.park(seq.slot, seq.prefilled)
             return None
         self.batch.start(seq.slot, len(seq.prompt_ids))
         self._keep_hiddens(scores, [(0, seq)])
-        return self._emit(seq, self._pick(scores, rows)[0])
+        ev = self._emit(seq, self._pick(scores, rows)[0])
+        return dataclasses.replace(ev, prompt_logprobs=(None, *seq.prompt_lp)) if scored else ev
+
+    def _score(self, seq: Sequence, logits, start: int) -> None:
+        """The logprobs of the prompt tokens after positions start .. start + T - 1 (T rows of logits) on the
+        soft-capped fp32 values, as for sampled tokens (`distribution.sample_full_row`), and the top n."""
+        ids = seq.prompt_ids[start + 1:start + 1 + len(logits)]
+        lp = torch.log_softmax(soft_cap(logits[:len(ids)].float(), self.dims.final_logit_softcapping), dim=-1)
+        n = seq.prompt_logprobs
+        top = torch.topk(lp, n, dim=-1) if n else None
+        chosen = lp.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        for j, value in enumerate(chosen):
+            pairs = tuple(zip(top.indices[j].tolist(), top.values[j].tolist())) if top is not None else ()
+            seq.prompt_lp.append((value, pairs))
 
     def _mixable(self, work: list[tuple[Sequence, int]], decoding: int) -> int | None:
         """Which piece of this step's prefill work runs in the mixed graph with the decode rows (its index in
         `work`): the first one through the extend graph, when rows decode and the backend has the graph."""
         if not (self.mixed_steps and decoding):
             return None
-        return next((i for i, (seq, n) in enumerate(work) if not self._by_prefill_graph(seq, n)), None)
+        return next((i for i, (seq, n) in enumerate(work)
+                     if not self._by_prefill_graph(seq, n) and seq.prompt_logprobs is None), None)
 
     def _mixed(self, seq: Sequence, n: int, running: list[Sequence]) -> list[EngineEvent]:
         """The next `n` prompt tokens of `seq` and one decode token of every row of `running`, in one mixed

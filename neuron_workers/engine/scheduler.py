@@ -57,8 +57,9 @@ class Scheduler:
             budget, chunked = budget - n, True
         while self.waiting and self.free_slots:
             seq = self.waiting[0]
-            slot, hit, entry, src = self.prefix.choose(seq.prompt_ids, self.free_slots) if self.prefix \
-                else (self.free_slots[0], 0, None, None)
+            scored = seq.prompt_logprobs is not None  # every prompt position's logits: nothing reused
+            slot, hit, entry, src = self.prefix.choose([] if scored else seq.prompt_ids, self.free_slots) \
+                if self.prefix else (self.free_slots[0], 0, None, None)
             cost = self._piece(seq, hit)
             long = cost < len(seq.prompt_ids) - hit
             if work and (cost > budget or (long and chunked)):
@@ -78,7 +79,8 @@ class Scheduler:
     def _piece(self, seq: Sequence, start: int) -> int:
         """The prompt tokens of `seq`'s next prefill piece from `start`: a unit (or the whole rest), ended at a
         kept-window point whose window the rings would no longer hold after it (`engine/prefix_windows.py`)."""
-        rest, unit = len(seq.prompt_ids) - start, self._unit(start)
+        rest = len(seq.prompt_ids) - start
+        unit = self.extend_t if seq.prompt_logprobs is not None else self._unit(start)
         n = min(rest, unit) if unit else rest
         slack = self.prefix.ring - self.prefix.window if self.prefix is not None else 0
         cut = next((p for p in seq.keep_points if start < p < start + n - slack), None)

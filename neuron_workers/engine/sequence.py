@@ -49,6 +49,8 @@ class Sequence:
     reused: int = 0  # of which the slot held already when it was admitted (prefix reuse)
     reach: int = 0  # 1 + the furthest position a verify step wrote (rejected drafts included)
     keep_points: tuple[int, ...] = ()  # prompt positions whose sliding windows its prefill keeps (prefix_windows)
+    prompt_logprobs: int | None = None  # None: none; n: each prompt token's logprob and the top n (no reuse)
+    prompt_lp: list = field(default_factory=list)  # what the prefill pieces found, in prompt order
     restore: tuple | None = None  # (slot to clone, kept window's pool entry) copied in before its first piece
     ngrams: object | None = None  # drafts.NgramIndex of its tokens, with prompt-lookup speculation
     hidden: object | None = None  # MTP drafter: the target's last hidden state [H] at position `hidden_at`

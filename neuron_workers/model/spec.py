@@ -85,7 +85,8 @@ class GraphSpec:
         if self.phase == PREFILL:
             return f"{self.phase}_{self.seq_len}"
         if self.phase == EXTEND:
-            head = ("_all" if self.per_position else "") if self.candidates else "_logits"
+            head = ("_all" if self.per_position else "") if self.candidates else \
+                ("_logits_all" if self.per_position else "_logits")
             return f"extend_{self.rows}x{self.seq_len}{head}{'_h' if self.hidden else ''}"
         if self.phase == MIXED:
             head = ("_h" if self.hidden else "") if self.candidates else "_logits"
@@ -182,8 +183,6 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
     ring = dims.ring_size(max_context)
     if not 1 <= t <= min(ring, max_context) or not 1 <= rows <= batch:
         raise ValueError(f"extend {rows}x{t}: T must be in [1, {min(ring, max_context)}] (the ring), rows <= {batch}")
-    if per_position and not candidates:
-        raise ValueError("per-position extend outputs are candidates")
     ins = [TensorSpec("input_ids", (rows, t), id_dtype), TensorSpec("position_ids", (rows, t), id_dtype)]
     if dims.ple_dim:
         ins.append(TensorSpec("per_layer_inputs", (rows, t, dims.num_layers, dims.ple_dim), dtype))
@@ -196,8 +195,8 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
         head = (TensorSpec("candidate_values", (*lead, candidates), dtype),
                 TensorSpec("candidate_ids", (*lead, candidates), id_dtype))
         head += (TensorSpec("hidden", (*lead, dims.hidden_size), dtype),) if hidden else ()
-    else:
-        head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
+    else:  # the last position's logits, or every position's (prompt logprobs)
+        head = (TensorSpec("logits", (*lead, dims.vocab_size), dtype),)
     return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position,
                      hidden)
 
