@@ -13,7 +13,7 @@ sibling file and runs the real binary on it, adding:
 - a cap on concurrent connections per client address (`GEMMA4_HAPROXY_MAX_CONN_PER_SOURCE`, 256; 0 turns
   it off): a stick table counts each source's connections and refuses the ones over the cap at accept.
   Behind a load balancer every connection comes from the balancer's addresses: raise the cap or turn it
-  off there, and shed per client at the balancer instead (README, "Limits").
+  off there, and shed per client at the balancer instead (docs/operations.md, "Slow and idle clients").
 
 Stdlib only (it runs at every HAProxy start and reload); any other argument passes through unchanged.
 """

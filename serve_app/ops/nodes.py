@@ -2,7 +2,7 @@
 
 Artifacts (and checkpoints) must be present on every node that runs a replica, at the path the config
 names: a shared filesystem mounted at the same path everywhere (EFS / FSx for Lustre on EKS), or a copy
-made on each node before Ray starts there (see README, "Artifacts on every node"). At replica start the
+made on each node before Ray starts there (see docs/operations.md, "Artifacts on every node"). At replica start the
 engine reads the artifacts' manifest and refuses a mismatch naming the field
 (`neuron_workers.artifacts.manifest.Manifest.check`); `build_engine_here` adds the node to that message,
 so Serve's DEPLOY_FAILED status (and `/health`) says which machine has the wrong or missing copy.
