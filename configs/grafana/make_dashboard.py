@@ -63,9 +63,11 @@ ROWS = [
          [(ratio("ray_gemma4_batch_occupancy_sum", "ray_gemma4_batch_occupancy_count"), "mean {{model}}"),
           (quantiles("ray_gemma4_batch_occupancy")[0][0], "p50 {{model}}")]),
         ("Prefix-cache hit rate", "Of the prompt tokens admitted while prefix reuse is on, the share a slot's kept KV "
-         "held (not prefilled again), per model.", "percentunit",
+         "held (not prefilled again), and the share a restored sliding window served, per model.", "percentunit",
          [(ratio("ray_gemma4_prefix_cache_hit_tokens_total", "ray_gemma4_prefix_cache_query_tokens_total"),
-           "{{model}}")]),
+           "{{model}}"),
+          (ratio("ray_gemma4_prefix_cache_window_hit_tokens_total", "ray_gemma4_prefix_cache_query_tokens_total"),
+           "windows {{model}}")]),
         ("Speculative acceptance rate", "Of the draft tokens verified, the share accepted, per model (only models "
          "with speculative decoding on report drafts).", "percentunit",
          [(ratio("ray_gemma4_spec_decode_num_accepted_tokens_total", "ray_gemma4_spec_decode_num_draft_tokens_total"),

@@ -25,6 +25,7 @@ LABEL_VALUES = re.compile(r"label_values\(.*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)")
 OPTIONAL_LABELS = {"ray_io_cluster"}  # set per cluster by KubeRay's PodMonitor, absent on a plain cluster
 # the series every panel group reads: one request of each kind below makes them exist
 NEEDED = ("ray_gemma4_spec_decode_num_accepted_tokens_total", "ray_gemma4_prefix_cache_hit_tokens_total",
+          "ray_gemma4_prefix_cache_window_hit_tokens_total",
           "ray_gemma4_time_to_first_token_ms_bucket", "ray_gemma4_request_finished_total",
           "ray_gemma4_num_requests_running", "ray_gemma4_batch_occupancy_bucket")
 
