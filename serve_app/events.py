@@ -31,6 +31,7 @@ class Delta:
     token_ids: tuple[int, ...]
     logprobs: tuple[dict, ...] = ()  # per token when asked: {token, logprob, bytes, top_logprobs}
     in_thought: bool = False
+    prompt_tokens: int = 0  # the prompt's length (Anthropic's `message_start` reports it before any text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,9 @@ ReplicaEvent = Started | Delta | Finished | Failed
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """What the router asks a replica for: a chat (`messages`) or a completion (`prompt`: text or ids)."""
+    """What the router asks a replica for: a chat (`messages`) or a completion (`prompt`: text or ids). Every API
+    shape (chat and completions, the Responses API, Anthropic's Messages) becomes one of these; `n` choices are n
+    of them, a seeded choice i with seed + i."""
 
     kind: str  # chat | completion
     prompt: str | tuple[int, ...] | None = None

@@ -1,7 +1,8 @@
 """The FastAPI app the router serves and its error envelope: the gate and drain middleware, OpenAI-shaped
 errors for every failure (a bad field a 400 naming it, FastAPI's 422 mapped, a body that is not JSON, a
 schema past its limits, an unknown route), and the answers for a full queue, a replica gone and a replica's
-refusal. Imported by `serve_app.router`, whose routes it serves."""
+refusal; the same errors in Anthropic's shape for `/v1/messages` (`answer`, `as_anthropic`). Imported by
+`serve_app.router`, whose routes it serves."""
 
 import json
 import logging
@@ -83,13 +84,52 @@ def overloaded(model: str) -> JSONResponse:
                  headers=RETRY)
 
 
-def failed(ev: Failed, chat: bool) -> JSONResponse:
-    """A replica's refusal as the HTTP error it stands for (a chat's prompt is its `messages`)."""
-    param = "messages" if chat and ev.param == "prompt" else ev.param
-    return error(ev.status, ev.message, ev.type, param=param, code=ev.code)
+def failed(ev: Failed, chat: bool, messages: str = "messages") -> JSONResponse:
+    """A replica's refusal as the HTTP error it stands for (a chat's prompt is its `messages`, or the field the
+    API calls them)."""
+    param = messages if chat and ev.param in ("prompt", "messages") else ev.param
+    message = ev.message
+    if param != ev.param:  # the replica's wording, in the API's own field name
+        subject = "the messages have" if param == "messages" else f"the {param} has"
+        message = message.replace("the messages have", subject).replace("the prompt has", subject)
+    return error(ev.status, message, ev.type, param=param, code=ev.code)
 
 
 def replica_gone(model: str, e: Exception) -> JSONResponse:
     log.warning("replica of %s unavailable: %s", model, e)
     return error(503, f"the replica serving `{model}` stopped; retry the request", "server_error",
                  code="replica_unavailable", headers=RETRY)
+
+
+HANDLERS = ((RequestValidationError, _validation), (bodies.BodyError, _body), (ConstraintError, _constraint),
+            (StarletteHTTPException, _http))
+
+
+async def answer(request: Request, exc: Exception) -> JSONResponse:
+    """The response the app's exception handlers give `exc` (for a route that reshapes its errors); a cancelled
+    request is raised again."""
+    if drain.cancelled(exc):
+        raise exc
+    for kind, handler in HANDLERS:
+        if isinstance(exc, kind):
+            return await handler(request, exc)
+    return await _server_error(request, exc)
+
+
+def anthropic_error(status: int, message: str, headers=None) -> JSONResponse:
+    from serve_app.openai.anthropic_api import error_body
+
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
+
+
+def as_anthropic(out):
+    """An OpenAI-shaped error response in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`,
+    the message naming the field); anything else as it is."""
+    if not isinstance(out, JSONResponse) or out.status_code < 400:
+        return out
+    err = json.loads(out.body).get("error") or {}
+    message, param = err.get("message", "error"), err.get("param")
+    if param and not message.startswith(param):
+        message = f"{param}: {message}"
+    headers = {k: v for k, v in out.headers.items() if k.lower() == "retry-after"}
+    return anthropic_error(out.status_code, message, headers or None)

@@ -1,4 +1,9 @@
-"""Router: the HTTP ingress. Maps `model` to its deployment handle and speaks OpenAI's API.
+"""Router: the HTTP ingress. Maps `model` to its deployment handle and speaks OpenAI's API (chat and
+completions, `n` choices each its own engine sequence, streamed interleaved by `index`), the Responses API
+(`/v1/responses`, stateless) and Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`, every error
+in Anthropic's shape). All three become the same `events.GenerateRequest` (serve_app/openai/protocol.py,
+responses_api.py, anthropic_api.py) and run through one path here (`_generate`: a writer per API shapes the
+answer or the SSE events).
 
 It never imports torch or a Neuron package (a process that initialised the Neuron runtime without
 NEURON_RT_VISIBLE_CORES would reserve every core). Every error leaves in OpenAI's envelope:
@@ -20,13 +25,75 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.events import Delta, Failed, Finished
-from serve_app.http import REPLICA_GONE, api, error, failed, log, overloaded, replica_gone, sse
+from serve_app.http import (
+    REPLICA_GONE,
+    answer,
+    anthropic_error,
+    api,
+    as_anthropic,
+    error,
+    failed,
+    log,
+    overloaded,
+    replica_gone,
+)
+from serve_app.openai import anthropic_api as AA
 from serve_app.openai import bodies
 from serve_app.openai import protocol as P
+from serve_app.openai import responses_api as RA
 from serve_app.openai import tokenize as TK
-from serve_app.openai.responses import Output
+from serve_app.openai.responses import Choices
 from serve_app.ops import drain, gate, health
 from serve_app.ops.metrics import prometheus_text
+
+
+def _cancel(calls) -> None:
+    for c in calls:
+        c.cancel()
+
+
+async def _merged(firsts: list, gens: list):
+    """(choice index, event) of every choice's stream until each has finished (or one failed), interleaved as they
+    come; one choice is read directly, several through one task each."""
+    if len(gens) == 1:
+        ev = firsts[0]
+        while ev is not None:
+            yield 0, ev
+            if isinstance(ev, (Finished, Failed)):
+                return
+            ev = await anext(gens[0], None)
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, ev, gen) -> None:
+        try:
+            while ev is not None:
+                await queue.put((i, ev))
+                if isinstance(ev, (Finished, Failed)):
+                    return
+                ev = await anext(gen, None)
+            await queue.put((i, None))
+        except Exception as e:  # noqa: BLE001 - handed to the reader, which raises it
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, f, g)) for i, (f, g) in enumerate(zip(firsts, gens))]
+    try:
+        left = len(gens)
+        while left:
+            i, ev = await queue.get()
+            if isinstance(ev, BaseException):
+                raise ev
+            if ev is None:
+                left -= 1
+                continue
+            yield i, ev
+            if isinstance(ev, Finished):
+                left -= 1
+            elif isinstance(ev, Failed):
+                return
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 # Serve pickles this class when the decorator runs: every helper it uses is defined above or imported.
@@ -98,6 +165,41 @@ class Router:
     async def completions(self, request: Request):
         return await self._serve(await bodies.parse(P.CompletionRequest, await request.body()), chat=False)
 
+    @api.post("/v1/responses")
+    async def responses(self, request: Request):
+        """The Responses API, stateless (serve_app/openai/responses_api.py)."""
+        body = await bodies.parse(RA.ResponsesBody, await request.body())
+        handle = self.models.get(body.model)
+        if handle is None:
+            return error(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
+        return await self._generate(handle, body.model, body.payloads(), body.stream, RA.ResponsesWriter(body),
+                                    lambda ev: failed(ev, True, "input"))
+
+    @api.post("/v1/messages")
+    async def messages(self, request: Request):
+        """Anthropic's Messages API (serve_app/openai/anthropic_api.py); every error in Anthropic's shape."""
+        try:
+            body = await bodies.parse(AA.MessagesBody, await request.body())
+            handle = self.models.get(body.model)
+            if handle is None:
+                return anthropic_error(404, f"model: `{body.model}` does not exist")
+            out = await self._generate(handle, body.model, body.payloads(), body.stream, AA.MessagesWriter(body),
+                                       lambda ev: failed(ev, True))
+        except Exception as e:  # noqa: BLE001 - answered as the OpenAI routes would be, in Anthropic's shape
+            out = await answer(request, e)
+        return as_anthropic(out)
+
+    @api.post("/v1/messages/count_tokens")
+    async def count_tokens(self, request: Request):
+        try:
+            body = await bodies.parse(AA.CountTokensBody, await request.body())
+            out = await self._call(body.model, "tokenize", (body.chat.payload(), True, True, False), True)
+            if isinstance(out, dict):
+                out = {"input_tokens": out["count"]}
+        except Exception as e:  # noqa: BLE001
+            out = await answer(request, e)
+        return as_anthropic(out)
+
     @api.post("/tokenize", openapi_extra=bodies.openapi(TK.TokenizeRequest))
     async def tokenize(self, request: Request):
         body = await bodies.parse(TK.TokenizeRequest, await request.body())
@@ -128,72 +230,89 @@ class Router:
         handle = self.models.get(body.model)
         if handle is None:
             return error(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
-        rid = P.new_id("chatcmpl" if chat else "cmpl")
-        out = Output(body, rid, chat)
-        if not body.stream:
-            return await self._complete(handle.complete.remote(body.payload()), body.model, chat, out)
-        gen = handle.options(stream=True).generate.remote(body.payload())
-        try:
-            first = await gen.__anext__()
-        except asyncio.CancelledError:  # the client left while the request waited: stop it
-            gen.cancel()
-            raise
-        except BackPressureError:
-            return overloaded(body.model)
-        except REPLICA_GONE as e:
-            return replica_gone(body.model, e)
-        if isinstance(first, Failed):
-            return failed(first, chat)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(self._stream(first, gen, rid, body.model, chat, include_usage, out),
-                                 media_type="text/event-stream")
+        writer = Choices(body, P.new_id("chatcmpl" if chat else "cmpl"), chat)
+        return await self._generate(handle, body.model, body.payloads(), body.stream, writer,
+                                    lambda ev: failed(ev, chat))
 
-    async def _complete(self, response, model, chat, out: Output):
+    async def _generate(self, handle, model: str, payloads: list, stream: bool, writer, refuse):
+        """Run each payload (one engine sequence a choice) on a replica of `model`: the writer's `result` of
+        their Finished events, or a stream of the writer's SSE lines; an error before anything was sent is a
+        status code (`refuse` turns a replica's Failed into the API's response)."""
+        if not stream:
+            answer = await self._complete([handle.complete.remote(p) for p in payloads], model)
+            if not isinstance(answer, list):
+                return answer
+            bad = next((ev for ev in answer if isinstance(ev, Failed)), None)
+            return refuse(bad) if bad is not None else writer.result(answer)
+        gens = [handle.options(stream=True).generate.remote(p) for p in payloads]
+        firsts = []
         try:
-            ev = await response
-        except asyncio.CancelledError:  # the client went away: stop the replica's generation
-            log.info("client disconnected: request to %s cancelled", model)
-            response.cancel()
+            for gen in gens:
+                firsts.append(await gen.__anext__())
+        except asyncio.CancelledError:  # the client left while the request waited: stop it
+            _cancel(gens)
             raise
         except BackPressureError:
+            _cancel(gens)
             return overloaded(model)
         except REPLICA_GONE as e:
+            _cancel(gens)
             return replica_gone(model, e)
-        return failed(ev, chat) if isinstance(ev, Failed) else out.result(ev)
+        bad = next((ev for ev in firsts if isinstance(ev, Failed)), None)
+        if bad is not None:
+            _cancel(gens)
+            return refuse(bad)
+        return StreamingResponse(self._stream(firsts, gens, model, writer), media_type="text/event-stream")
 
-    async def _stream(self, first, gen, rid, model, chat, include_usage, out: Output):
-        """SSE chunks. Any failure after the 200 went out is one `data: {"error": ...}` event and then
-        `data: [DONE]`: a stream never just stops."""
-        out.open(first)
-        try:
-            for chunk in out.start():
-                yield sse(chunk)
-            ev = first
-            while ev is not None:
-                if isinstance(ev, Delta):
-                    for chunk in out.delta(ev):
-                        yield sse(chunk)
-                elif isinstance(ev, Finished):
-                    for chunk in out.delta(Delta(ev.text, (), ev.logprobs)) + out.finish(ev):
-                        yield sse(chunk)
-                    if include_usage:
-                        yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                                   "model": model, "choices": [],
-                                   "usage": P.usage(ev.prompt_tokens, ev.completion_tokens)})
-                    break
-                elif isinstance(ev, Failed):
-                    yield sse(P.error_body(ev.message, ev.type, ev.param, ev.code))
-                    break
-                ev = await anext(gen, None)
+    async def _complete(self, responses: list, model: str):
+        try:  # one choice awaited as it is (a task per request would cost the router CPU for nothing)
+            return [await responses[0]] if len(responses) == 1 else list(await asyncio.gather(*responses))
         except asyncio.CancelledError:  # the client went away: stop the replica's generation
-            log.info("client disconnected: stream %s cancelled", rid)
-            gen.cancel()
+            log.info("client disconnected: request to %s cancelled", model)
+            _cancel(responses)
+            raise
+        except BackPressureError:
+            _cancel(responses)
+            return overloaded(model)
+        except REPLICA_GONE as e:
+            _cancel(responses)
+            return replica_gone(model, e)
+
+    async def _stream(self, firsts, gens, model, writer):
+        """SSE lines. Any failure after the 200 went out is one error event and then the writer's end (OpenAI's
+        `data: [DONE]`): a stream never just stops."""
+        ended: set[int] = set()
+        try:
+            for line in writer.head(firsts):
+                yield line
+            async for i, ev in _merged(firsts, gens):
+                if isinstance(ev, (Finished, Failed)):
+                    ended.add(i)
+                if isinstance(ev, Delta):
+                    for line in writer.delta(i, ev):
+                        yield line
+                elif isinstance(ev, Finished):
+                    for line in writer.finish(i, ev):
+                        yield line
+                elif isinstance(ev, Failed):
+                    for line in writer.fail(ev.message, ev.type, ev.param, ev.code):
+                        yield line
+                    break
+        except asyncio.CancelledError:  # the client went away: the replicas' generation stops (finally)
+            log.info("client disconnected: stream to %s cancelled", model)
             raise
         except REPLICA_GONE as e:
             log.warning("replica of %s died mid-stream: %s", model, e)
-            yield sse(P.error_body(f"the replica serving `{model}` stopped; retry the request", "server_error",
-                                   code="replica_unavailable"))
+            for line in writer.fail(f"the replica serving `{model}` stopped; retry the request", "server_error",
+                                    code="replica_unavailable"):
+                yield line
         except Exception as e:  # ours, never the user's: log it, tell the client in shape
             log.exception("stream failed: %s", e)
-            yield sse(P.error_body(f"internal error: {type(e).__name__}", "server_error", code="internal_error"))
-        yield sse("[DONE]")
+            for line in writer.fail(f"internal error: {type(e).__name__}", "server_error", code="internal_error"):
+                yield line
+        finally:
+            if len(ended) < len(gens):  # stopped early (a choice failed, or the client left): stop the rest
+                _cancel([g for i, g in enumerate(gens) if i not in ended])
+        for line in writer.end():
+            yield line
+

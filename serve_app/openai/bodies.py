@@ -27,7 +27,7 @@ from serve_app.openai.constraints import ConstraintError
 
 SCHEMA_WORKERS = 2  # schema-bearing bodies parsed at once (more wait in the pool's queue)
 SCHEMA_TIMEOUT_S = 10.0  # a schema that takes longer to check and compile is refused
-SCHEMA_KEYS = (b'"tools"', b'"response_format"')
+SCHEMA_KEYS = (b'"tools"', b'"response_format"', b'"json_schema"', b'"output_config"')
 _POOL = ThreadPoolExecutor(SCHEMA_WORKERS, thread_name_prefix="schema-check")
 
 

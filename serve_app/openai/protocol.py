@@ -23,6 +23,8 @@ from serve_app.openai.schema_render import tool_for_template
 MAX_STOP = 4
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
+MAX_N = 8  # choices per request (each its own engine sequence)
+MAX_N_TOKENS = 32_768  # n * max_tokens at most: one request cannot ask for more new tokens than this
 # OpenAI fields we do not implement: a request that sets one gets a 400 naming it, never a silent ignore.
 # (value that means "not used": a request may send it)
 UNSUPPORTED = {"functions": None, "function_call": None, "echo": False, "best_of": None, "suffix": None,
@@ -65,7 +67,8 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: int | None = Field(None, ge=1, le=MAX_N, description=f"choices, each its own sequence (at most {MAX_N}); "
+                                                          "a seeded choice i samples with seed + i")
     ignore_eos: bool = False
     frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     presence_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
@@ -88,6 +91,26 @@ class SamplingFields(BaseModel):
     @classmethod
     def _utf8(cls, v):
         return utf8(v)
+
+    @model_validator(mode="after")
+    def _stream_and_n(self):
+        if self.stream_options is not None and not self.stream:
+            raise ConstraintError("stream_options", "stream_options is only allowed when stream is true")
+        n, most = self.n or 1, self.new_tokens_bound()
+        if n > 1 and most is not None and n * most > MAX_N_TOKENS:
+            raise ConstraintError("n", f"n * max_tokens is {n * most}; at most {MAX_N_TOKENS} new tokens a request")
+        return self
+
+    def new_tokens_bound(self) -> int | None:
+        return self.max_tokens
+
+    def choice_sampling(self, i: int) -> dict:
+        """The sampling fields of choice i: a seeded request's choice i samples with seed + i (kept in range)."""
+        out = self.sampling()
+        if i and "seed" in out:
+            low, high = SEED_RANGE
+            out["seed"] = (out["seed"] - low + i) % (high - low + 1) + low
+        return out
 
     @field_validator("stop")
     @classmethod
@@ -191,6 +214,14 @@ class ChatRequest(SamplingFields):
     _grammar: tuple = PrivateAttr((None, None, None))
     _messages: tuple = PrivateAttr(())
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, v):
+        if isinstance(v, dict) and v.get("type") == "function" and not isinstance(v.get("function"), dict):
+            raise ConstraintError("tool_choice", 'a tool_choice object names its function: {"type": "function", '
+                                                 '"function": {"name": "..."}} (or use "auto", "none", "required")')
+        return v
+
     @model_validator(mode="after")
     def _agentic(self):
         """Check tools, tool_choice and response_format and build the grammar they force (a 400 naming the
@@ -212,12 +243,18 @@ class ChatRequest(SamplingFields):
         """The tools whose calls the output parser turns into tool_calls (none with tool_choice "none")."""
         return [] if self.tool_choice == "none" else T.tool_names(self.tools)
 
-    def payload(self) -> GenerateRequest:
+    def new_tokens_bound(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def payloads(self) -> list[GenerateRequest]:
+        return [self.payload(i) for i in range(self.n or 1)]
+
+    def payload(self, choice: int = 0) -> GenerateRequest:
         grammar, in_thought, param = self._grammar
         kwargs = {"enable_thinking": True} if self.thinking else {}
         return GenerateRequest("chat", messages=self._messages,
                                max_tokens=self.max_completion_tokens or self.max_tokens,
-                               stop=tuple(self.stop or ()), sampling=tuple(self.sampling().items()),
+                               stop=tuple(self.stop or ()), sampling=tuple(self.choice_sampling(choice).items()),
                                ignore_eos=self.ignore_eos, stream=self.stream,
                                tools=tuple(tool_for_template(t.model_dump(exclude_none=True))
                                            for t in self.tools or ()),
@@ -246,10 +283,13 @@ class CompletionRequest(SamplingFields):
                 return v[0]
         return v
 
-    def payload(self) -> GenerateRequest:
+    def payloads(self) -> list[GenerateRequest]:
+        return [self.payload(i) for i in range(self.n or 1)]
+
+    def payload(self, choice: int = 0) -> GenerateRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else tuple(self.prompt)
         return GenerateRequest("completion", prompt=prompt, max_tokens=self.max_tokens, stop=tuple(self.stop or ()),
-                               sampling=tuple(self.sampling().items()), ignore_eos=self.ignore_eos,
+                               sampling=tuple(self.choice_sampling(choice).items()), ignore_eos=self.ignore_eos,
                                stream=self.stream, logprobs=self.logprobs)
 
 
@@ -268,14 +308,14 @@ def usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish: str | None) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, index: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
 
 
-def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict:
+def completion_chunk(rid: str, model: str, text: str, finish: str | None, index: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": None}]}
 
 
 def completion_response(rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict:

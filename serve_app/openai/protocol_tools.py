@@ -206,6 +206,75 @@ def grammar_for(tools, choice, parallel: bool, response_format: ResponseFormat |
     return made[0], (made[1] if thinking else None), "response_format"
 
 
+# tool-call arguments in history: the chat template renders them recursively (~4 interpreter frames a level), so
+# a nesting past this would overflow the renderer's recursion in the replica
+MAX_ARGUMENT_DEPTH = 64
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of `[` / `{` in a JSON text (strings skipped), counted without recursion."""
+    depth = most = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            most = max(most, depth)
+        elif ch in "]}":
+            depth -= 1
+    return most
+
+
+def on_fresh_stack(fn, *args):
+    """fn(*args) on a new thread (whose stack starts empty), its exception raised here."""
+    import threading
+
+    out: list = [None, None]
+
+    def run():
+        try:
+            out[0] = fn(*args)
+        except Exception as e:  # noqa: BLE001 - raised again in the caller
+            out[1] = e
+
+    t = threading.Thread(target=run, name="fresh-stack")
+    t.start()
+    t.join()
+    if out[1] is not None:
+        raise out[1]
+    return out[0]
+
+
+def call_arguments(call_id: str, text: str) -> dict:
+    """A history tool call's arguments as an object. The nesting is measured first (without recursion), so a
+    deep but valid JSON text is refused for its depth, never misreported as not JSON by the decoder's recursion
+    limit (which depends on how deep the caller's stack already is)."""
+    if not text.strip():
+        return {}
+    depth = json_depth(text)
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise ConstraintError("messages", f"tool call {call_id}: arguments nest {depth} levels deep (at most "
+                                          f"{MAX_ARGUMENT_DEPTH})")
+    try:
+        try:
+            args = json.loads(text)
+        except RecursionError:  # the caller's own stack was already deep: decode on a fresh one
+            args = on_fresh_stack(json.loads, text)
+    except json.JSONDecodeError as e:
+        raise ConstraintError("messages", f"tool call {call_id}: arguments are not JSON ({e.msg})") from None
+    if not isinstance(args, dict):
+        raise ConstraintError("messages", f"tool call {call_id}: arguments must be a JSON object")
+    return args
+
+
 def history(messages) -> tuple[dict, ...]:
     """Chat messages for the template: tool-call arguments as objects, tool results with their call's id (and
     name when the client gave one), an assistant turn's reasoning."""
@@ -216,10 +285,7 @@ def history(messages) -> tuple[dict, ...]:
         if m.tool_calls:
             calls = []
             for c in m.tool_calls:
-                try:
-                    args = json.loads(c.function.arguments) if c.function.arguments.strip() else {}
-                except (json.JSONDecodeError, RecursionError):
-                    raise ConstraintError("messages", f"tool call {c.id}: arguments are not JSON") from None
+                args = call_arguments(c.id, c.function.arguments)
                 if not isinstance(args, dict):
                     raise ConstraintError("messages", f"tool call {c.id}: arguments must be a JSON object")
                 try:

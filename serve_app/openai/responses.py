@@ -1,9 +1,12 @@
 """OpenAI response bodies for one request, from the replica's events: the chat message (through
 `chat_output.ChatOutput`: tool_calls, reasoning_content with thinking on, any thought channel removed with it
-off, control tokens removed), logprobs in OpenAI's chat and completions shapes, streamed or not. Pure Python."""
+off, control tokens removed), logprobs in OpenAI's chat and completions shapes, streamed or not; with `n` > 1 one
+`Output` a choice, joined by `Choices` (the stream's chunks interleaved, each with its choice's `index`). Pure
+Python."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from serve_app.events import Delta, Finished
@@ -35,8 +38,8 @@ class CompletionLogprobs:
 class Output:
     """Builds one request's bodies: `start`, `delta`, `finish` chunks for a stream, or `result`."""
 
-    def __init__(self, body, rid: str, chat: bool):
-        self.rid, self.model, self.chat, self.body = rid, body.model, chat, body
+    def __init__(self, body, rid: str, chat: bool, index: int = 0):
+        self.rid, self.model, self.chat, self.body, self.index = rid, body.model, chat, body, index
         self.want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
         self.parse = chat  # every chat: tool calls, thought channels (a stray one too) and control tokens
         self.parser: ChatOutput | None = None
@@ -52,9 +55,9 @@ class Output:
 
     def _chunk(self, delta: dict | str, finish, logprobs=None) -> dict:
         if self.chat:
-            body = P.chat_chunk(self.rid, self.model, delta, finish)
+            body = P.chat_chunk(self.rid, self.model, delta, finish, self.index)
         else:
-            body = P.completion_chunk(self.rid, self.model, delta, finish)
+            body = P.completion_chunk(self.rid, self.model, delta, finish, self.index)
         if logprobs is not None:
             body["choices"][0]["logprobs"] = logprobs
         return body
@@ -86,7 +89,7 @@ class Output:
         if not self.chat:
             body = P.completion_response(self.rid, self.model, ev.text, ev.finish_reason, ev.prompt_tokens,
                                          ev.completion_tokens)
-            body["choices"][0]["logprobs"] = lp
+            body["choices"][0].update(index=self.index, logprobs=lp)
             return body
         if self.parser is None:
             msg, reason = {"role": "assistant", "content": ev.text}, ev.finish_reason
@@ -95,5 +98,56 @@ class Output:
             self.parser.flush()
             msg, reason = self.parser.message(), self.parser.finish_reason(ev.finish_reason)
         return {"id": self.rid, "object": "chat.completion", "created": int(time.time()), "model": self.model,
-                "choices": [{"index": 0, "message": msg, "finish_reason": reason, "logprobs": lp}],
+                "choices": [{"index": self.index, "message": msg, "finish_reason": reason, "logprobs": lp}],
                 "usage": P.usage(ev.prompt_tokens, ev.completion_tokens)}
+
+
+class Choices:
+    """The `n` choices of one chat or completion request, in OpenAI's wire shape: `result` joins their bodies
+    (usage: the prompt once, every choice's tokens), a stream's `head` / `delta` / `finish` / `fail` / `end` are
+    SSE lines (the usage chunk, when asked for, after the last choice finished)."""
+
+    def __init__(self, body, rid: str, chat: bool):
+        self.rid, self.model, self.chat = rid, body.model, chat
+        self.outs = [Output(body, rid, chat, i) for i in range(body.n or 1)]
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.finished: dict[int, Finished] = {}
+
+    def result(self, events: list[Finished]) -> dict:
+        bodies = [o.result(ev) for o, ev in zip(self.outs, events)]
+        joined = bodies[0]
+        joined["choices"] = [b["choices"][0] for b in bodies]
+        joined["usage"] = P.usage(events[0].prompt_tokens, sum(ev.completion_tokens for ev in events))
+        return joined
+
+    def head(self, firsts) -> list[str]:
+        out = []
+        for o, first in zip(self.outs, firsts):
+            o.open(first)
+            out += [sse(c) for c in o.start()]
+        return out
+
+    def delta(self, i: int, ev: Delta) -> list[str]:
+        return [sse(c) for c in self.outs[i].delta(ev)]
+
+    def finish(self, i: int, ev: Finished) -> list[str]:
+        o = self.outs[i]
+        out = [sse(c) for c in o.delta(Delta(ev.text, (), ev.logprobs)) + o.finish(ev)]
+        self.finished[i] = ev
+        if self.include_usage and len(self.finished) == len(self.outs):
+            done = list(self.finished.values())
+            out.append(sse({"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                            "model": self.model, "choices": [],
+                            "usage": P.usage(done[0].prompt_tokens, sum(e.completion_tokens for e in done))}))
+        return out
+
+    def fail(self, message: str, type_: str, param=None, code=None) -> list[str]:
+        return [sse(P.error_body(message, type_, param, code))]
+
+    def end(self) -> list[str]:
+        return [sse("[DONE]")]
+
+
+def sse(data: dict | str, event: str | None = None) -> str:
+    body = f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+    return f"event: {event}\n{body}" if event else body

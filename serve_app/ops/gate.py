@@ -1,8 +1,9 @@
 """The router's front door, as ASGI middleware: the API key and the request size limit, checked before
 FastAPI reads or parses anything, so a 10 MB body costs a 413 and nothing else.
 
-- API key: when keys are configured, every `/v1/*` request needs `Authorization: Bearer <key>`; others
-  get 401 in OpenAI's envelope. Keys are kept as SHA-256 digests and compared in constant time
+- API key: when keys are configured, every `/v1/*` request needs `Authorization: Bearer <key>` or (as
+  Anthropic's clients send it) `x-api-key: <key>`; others get 401 in OpenAI's envelope (Anthropic's error shape
+  on `/v1/messages`, as every refusal here). Keys are kept as SHA-256 digests and compared in constant time
   (`hmac.compare_digest`); `/health` and `/metrics` stay open.
 - Size: a body over `max_request_bytes` is answered 413 from its Content-Length, or as soon as the
   streamed body passes the limit; a request head (path and headers) over `max_header_bytes` 431.
@@ -44,9 +45,21 @@ class GateSettings:
 SETTINGS = GateSettings()  # one router per process: its constructor fills this in
 
 
-def _envelope(status: int, message: str, code: str, extra_headers=()) -> dict:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
+ANTHROPIC_TYPES = {401: "authentication_error", 408: "request_too_large", 413: "request_too_large",
+                   431: "request_too_large"}
+
+
+def anthropic_path(path: str) -> bool:
+    return path.endswith("/v1/messages") or "/v1/messages/" in path
+
+
+def _envelope(status: int, message: str, code: str, extra_headers=(), path: str = "") -> dict:
+    if anthropic_path(path):
+        err = {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "invalid_request_error"),
+                                          "message": message}}
+    else:
+        err = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    body = json.dumps(err).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra_headers]
     return {"status": status, "headers": headers, "body": body}
 
@@ -65,10 +78,13 @@ def authorized(headers: dict[bytes, bytes]) -> bool:
     if not SETTINGS.key_digests:
         return True
     scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-    digest = key_digest(token.strip()) if scheme.lower() == "bearer" else ""
+    digests = [key_digest(token.strip()) if scheme.lower() == "bearer" else ""]
+    if b"x-api-key" in headers:
+        digests.append(key_digest(headers[b"x-api-key"].decode("latin-1").strip()))
     ok = False
-    for d in SETTINGS.key_digests:  # every digest compared: no early exit to time
-        ok |= hmac.compare_digest(digest, d)
+    for digest in digests:
+        for d in SETTINGS.key_digests:  # every digest compared: no early exit to time
+            ok |= hmac.compare_digest(digest, d)
     return ok
 
 
@@ -79,23 +95,25 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        raw = scope.get("headers") or []
+        raw, path = scope.get("headers") or [], scope.get("path", "")
         head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + sum(
             len(k) + len(v) + 4 for k, v in raw)
         if head > SETTINGS.max_header_bytes:
             return await _reply(send, _envelope(431, f"the request head is larger than this server's limit of "
-                                                f"{SETTINGS.max_header_bytes} bytes", "request_header_too_large"))
+                                                f"{SETTINGS.max_header_bytes} bytes", "request_header_too_large",
+                                                path=path))
         headers = dict(raw)
-        if protected(scope.get("path", "")) and not authorized(headers):
+        if protected(path) and not authorized(headers):
             return await _reply(send, _envelope(401, "Incorrect or missing API key: send `Authorization: Bearer "
-                                                "<key>`.", "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
+                                                "<key>` (or `x-api-key: <key>`).", "invalid_api_key",
+                                                [(b"www-authenticate", b"Bearer")], path=path))
         limit = SETTINGS.max_request_bytes
         try:
             declared = int(headers.get(b"content-length", b"0"))
         except ValueError:
             declared = 0
         if declared > limit:
-            return await _reply(send, _too_large(limit))
+            return await _reply(send, _too_large(limit, path))
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         chunks, total, deadline = [], 0, time.monotonic() + SETTINGS.body_timeout_s
@@ -104,13 +122,13 @@ class Gate:
                 msg = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
             except TimeoutError:
                 return await _reply(send, _envelope(408, f"the request body did not arrive within "
-                                                    f"{SETTINGS.body_timeout_s:g} s", "request_timeout"))
+                                                    f"{SETTINGS.body_timeout_s:g} s", "request_timeout", path=path))
             if msg["type"] != "http.request":  # the client left
                 return
             chunks.append(msg.get("body", b""))
             total += len(chunks[-1])
             if total > limit:
-                return await _reply(send, _too_large(limit))
+                return await _reply(send, _too_large(limit, path))
             if not msg.get("more_body"):
                 break
         body, replayed = b"".join(chunks), False
@@ -125,6 +143,6 @@ class Gate:
         return await self.app(scope, replay, send)
 
 
-def _too_large(limit: int) -> dict:
+def _too_large(limit: int, path: str = "") -> dict:
     return _envelope(413, f"the request body is larger than this server's limit of {limit} bytes",
-                     "request_too_large")
+                     "request_too_large", path=path)

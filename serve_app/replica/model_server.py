@@ -184,7 +184,7 @@ class ModelServer:
                     yield Finished(final.event.finish_reason, prompt[0], n, "".join(text), tuple(lps), prompt[1])
                     return
                 if stream and ids:
-                    yield Delta("".join(text), tuple(ids), tuple(lps), prompt[1])
+                    yield Delta("".join(text), tuple(ids), tuple(lps), prompt[1], prompt[0])
                     text, ids, lps = [], [], []
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
             if not done:

@@ -66,8 +66,9 @@ def check_text_length(engine, chars: int, param: str) -> None:
     `max_token_chars`, so it has at least chars / max_token_chars tokens."""
     at_least = chars // max(engine.max_token_chars, 1)
     if at_least > engine.max_context:
-        raise ContextLengthError(f"this model's context is {engine.max_context} tokens; the {param} has "
-                                 f"{chars} characters, at least {at_least} tokens", param=param)
+        subject = "the messages have" if param == "messages" else f"the {param} has"
+        raise ContextLengthError(f"this model's context is {engine.max_context} tokens; {subject} {chars} "
+                                 f"characters, so at least {at_least} tokens", param=param)
 
 
 def sequence_options(engine, req: GenerateRequest, in_thought: bool = False) -> dict:

@@ -15,6 +15,8 @@ Decided from the rendered text, never from which template it is.
 
 from __future__ import annotations
 
+from neuron_workers.errors import UserError
+
 TURN, TURN_END, CHANNEL, CHANNEL_END = "<|turn>", "<turn|>", "<|channel>", "<channel|>"
 
 
@@ -47,6 +49,14 @@ def without_text_of_calls(messages: list[dict]) -> list[dict]:
 
 def render(engine, messages: list[dict], tools: list[dict] | None, **template_kwargs) -> str:
     """The prompt text for `messages` (text-plus-calls turns split, or their text dropped: see above)."""
+    try:
+        return _render(engine, messages, tools, **template_kwargs)
+    except RecursionError:  # the template walks tool-call arguments recursively
+        raise UserError("the messages are nested too deeply for the chat template to render",
+                        param="messages") from None
+
+
+def _render(engine, messages: list[dict], tools: list[dict] | None, **template_kwargs) -> str:
     split = split_turns(messages)
     text = engine.render_chat(split, tools, **template_kwargs)
     if split != messages and not model_turn_open(text) and messages[-1].get("role") == "tool":

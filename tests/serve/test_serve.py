@@ -126,7 +126,7 @@ BAD = [
     ("completions", {"model": "e2b", "prompt": "hi", "temperature": 5}, 400, "invalid_value"),
     ("completions", {"model": "e2b", "prompt": "hi", "temperature": "hot"}, 400, "invalid_value"),
     ("completions", {"model": "e2b", "prompt": "hi", "top_p": 0}, 400, "invalid_value"),
-    ("completions", {"model": "e2b", "prompt": "hi", "n": 3}, 400, "invalid_value"),
+    ("completions", {"model": "e2b", "prompt": "hi", "n": 9}, 400, "invalid_value"),
     ("completions", {"model": "e2b", "prompt": 5}, 400, "invalid_value"),
     ("completions", {"model": "e2b", "prompt": []}, 400, "invalid_value"),
     ("completions", {"model": "e2b", "prompt": [2, 99999]}, 400, "invalid_request"),

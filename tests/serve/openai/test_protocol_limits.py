@@ -42,7 +42,9 @@ def refusal(body: dict) -> tuple[str | None, str]:
     ({**BASE, "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)}}}}]},
      "tools", "too large"),
-    (call_history("[" * 5000 + "]" * 5000), "messages", "not JSON"),
+    # valid JSON, too deep to render: said so (it was "not JSON", the decoder's recursion limit)
+    (call_history("[" * 5000 + "]" * 5000), "messages", "nest 5000 levels deep"),
+    (call_history('{"a": [1, 2'), "messages", "not JSON"),
     (call_history('{"a": "\\ud800"}'), "messages", "surrogate"),
 ])
 def test_refused_with_the_param(body, param, words):
@@ -92,3 +94,19 @@ def test_penalties_and_logit_bias_are_taken_and_checked():
         with pytest.raises(ValidationError) as e:
             CompletionRequest.model_validate({**body, field: value})
         assert e.value.errors()[0]["loc"][0] == field, (field, value)
+
+
+def test_deep_valid_arguments_are_json_at_any_stack_depth():
+    """Arguments nested within the limit are accepted however deep the caller's stack already is (the decoder's
+    recursion limit counts the caller's frames: under a server's stack, valid JSON was called "not JSON")."""
+    import json
+    import sys
+
+    deep = json.dumps({"a": json.loads("[" * 63 + "]" * 63)})
+
+    def under(frames: int):
+        return under(frames - 1) if frames else ChatRequest.model_validate(call_history(deep))
+
+    under(sys.getrecursionlimit() - 80)  # the stack nearly full: the decoder's 64 levels would pass its limit
+    depth, message = refusal(call_history('{"a": ' + "[" * 64 + "]" * 64 + "}"))
+    assert depth == "messages" and "nest 65 levels deep (at most 64)" in message
