@@ -32,6 +32,8 @@ class Delta:
     logprobs: tuple[dict, ...] = ()  # per token when asked: {token, logprob, bytes, top_logprobs}
     in_thought: bool = False
     prompt_tokens: int = 0  # the prompt's length (Anthropic's `message_start` reports it before any text)
+    prompt_logprobs: tuple[dict, ...] = ()  # a request's first event, when asked: per prompt token (the first's
+    # logprob None) {token, id, logprob, rank, bytes, top_logprobs}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class Finished:
     text: str = ""  # the text no Delta carried: a non-streaming request's whole output, a stream's tail
     logprobs: tuple[dict, ...] = ()  # per-token logprobs of those tokens, when asked
     in_thought: bool = False
+    prompt_logprobs: tuple[dict, ...] = ()  # as Delta's, when no Delta came first
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,4 +80,5 @@ class GenerateRequest:
     grammar_in_thought: str | None = None  # its variant for a prompt that ends inside a thought channel
     grammar_param: str | None = None  # the request field it comes from (for a 400)
     logprobs: int | None = None  # None: none; n: each token's logprob and the top n
+    prompt_logprobs: int | None = None  # None: none; n: each prompt token's logprob and the top n (echo)
     keep_special: bool = False  # keep control tokens in the text (the router's output parsers need them)

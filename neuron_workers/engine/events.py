@@ -17,7 +17,7 @@ class TokenEvent:
     logprob: float | None = None  # when the sequence asked for logprobs: the token's (model distribution)
     top: tuple[tuple[int, float], ...] = ()  # and the top n (token id, logprob), best first
     # the first event of a sequence that asked for prompt logprobs: per prompt token, None for the first, else
-    # (its logprob given the tokens before it, the top n (token id, logprob) there)
+    # (its logprob given the tokens before it, the top n (token id, logprob) there, its rank: 1 the most likely)
     prompt_logprobs: tuple | None = None
 
     @property

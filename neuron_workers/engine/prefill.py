@@ -99,15 +99,17 @@ class Prefills:
 
     def _score(self, seq: Sequence, logits, start: int) -> None:
         """The logprobs of the prompt tokens after positions start .. start + T - 1 (T rows of logits) on the
-        soft-capped fp32 values, as for sampled tokens (`distribution.sample_full_row`), and the top n."""
+        soft-capped fp32 values, as for sampled tokens (`distribution.sample_full_row`), the top n there and the
+        token's rank (1: the most likely)."""
         ids = seq.prompt_ids[start + 1:start + 1 + len(logits)]
         lp = torch.log_softmax(soft_cap(logits[:len(ids)].float(), self.dims.final_logit_softcapping), dim=-1)
         n = seq.prompt_logprobs
         top = torch.topk(lp, n, dim=-1) if n else None
-        chosen = lp.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
-        for j, value in enumerate(chosen):
+        chosen = lp.gather(1, torch.tensor(ids)[:, None])
+        ranks = (lp > chosen).sum(dim=1).add_(1).tolist()
+        for j, value in enumerate(chosen[:, 0].tolist()):
             pairs = tuple(zip(top.indices[j].tolist(), top.values[j].tolist())) if top is not None else ()
-            seq.prompt_lp.append((value, pairs))
+            seq.prompt_lp.append((value, pairs, ranks[j]))
 
     def _mixable(self, work: list[tuple[Sequence, int]], decoding: int) -> int | None:
         """Which piece of this step's prefill work runs in the mixed graph with the decode rows (its index in

@@ -266,9 +266,26 @@ class ChatRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0, description="0: the prompt is only scored (with echo, as vLLM)")
     logprobs: int | None = Field(None, ge=0, le=5)
-    refused: ClassVar[dict] = {**UNSUPPORTED, **CHAT_ONLY}
+    echo: bool = False  # the prompt comes back before the completion; with logprobs, its tokens' logprobs too
+    prompt_logprobs: int | None = Field(None, ge=0, le=20, description="vLLM's extension: each prompt token's "
+                                        "logprob and the top n, as `prompt_logprobs` of each choice")
+    refused: ClassVar[dict] = {**{k: v for k, v in UNSUPPORTED.items() if k != "echo"}, **CHAT_ONLY}
+
+    @model_validator(mode="after")
+    def _echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ConstraintError("max_tokens", "max_tokens 0 scores the prompt only: it needs echo: true")
+        return self
+
+    def scored(self) -> int | None:
+        """The top n of prompt logprobs the engine computes (None: none): what echo with logprobs and
+        `prompt_logprobs` ask for, or 0 when an echo of token ids needs the tokens' text."""
+        asked = [n for n in (self.logprobs if self.echo else None, self.prompt_logprobs) if n is not None]
+        if asked:
+            return max(asked)
+        return 0 if self.echo and not isinstance(self.prompt, str) else None
 
     @field_validator("prompt")
     @classmethod
@@ -288,9 +305,10 @@ class CompletionRequest(SamplingFields):
 
     def payload(self, choice: int = 0) -> GenerateRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else tuple(self.prompt)
-        return GenerateRequest("completion", prompt=prompt, max_tokens=self.max_tokens, stop=tuple(self.stop or ()),
+        return GenerateRequest("completion", prompt=prompt, max_tokens=max(self.max_tokens or 0, 1) if
+                               self.max_tokens is not None else None, stop=tuple(self.stop or ()),
                                sampling=tuple(self.choice_sampling(choice).items()), ignore_eos=self.ignore_eos,
-                               stream=self.stream, logprobs=self.logprobs)
+                               stream=self.stream, logprobs=self.logprobs, prompt_logprobs=self.scored())
 
 
 # --- responses --------------------------------------------------------------------------------------

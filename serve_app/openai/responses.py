@@ -29,14 +29,32 @@ class CompletionLogprobs:
         for e in entries:
             out["tokens"].append(e["token"])
             out["token_logprobs"].append(e["logprob"])
-            out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+            out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                                       if e["logprob"] is not None else None)  # an echoed prompt's first token
             out["text_offset"].append(self.offset)
             self.offset += len(e["token"])
         return out
 
 
+def vllm_prompt_logprobs(entries) -> list:
+    """vLLM's `prompt_logprobs` of a choice: None for the first token, then {token id: {logprob, rank,
+    decoded_token}} for the token and the top n there."""
+    out = []
+    for e in entries:
+        if e["logprob"] is None:
+            out.append(None)
+            continue
+        d = {str(t["id"]): {"logprob": t["logprob"], "rank": t["rank"], "decoded_token": t["token"]}
+             for t in e["top_logprobs"]}
+        d[str(e["id"])] = {"logprob": e["logprob"], "rank": e["rank"], "decoded_token": e["token"]}
+        out.append(d)
+    return out
+
+
 class Output:
-    """Builds one request's bodies: `start`, `delta`, `finish` chunks for a stream, or `result`."""
+    """Builds one request's bodies: `start`, `delta`, `finish` chunks for a stream, or `result`. A completion
+    with `echo` starts with its prompt (and, with logprobs, the prompt tokens' logprobs; `max_tokens: 0`: only
+    them); with vLLM's `prompt_logprobs` its choice carries them in vLLM's shape."""
 
     def __init__(self, body, rid: str, chat: bool, index: int = 0):
         self.rid, self.model, self.chat, self.body, self.index = rid, body.model, chat, body, index
@@ -44,6 +62,28 @@ class Output:
         self.parse = chat  # every chat: tool calls, thought channels (a stray one too) and control tokens
         self.parser: ChatOutput | None = None
         self.logprobs = chat_logprobs if chat else CompletionLogprobs()
+        self.echo = not chat and getattr(body, "echo", False)
+        self.score_only = not chat and body.max_tokens == 0
+        self.prompt_done = chat  # a completion's prompt part (echo, prompt_logprobs) goes out once
+
+    def _prompt_part(self, ev) -> tuple[str, tuple, list | None]:
+        """(echoed text, echoed logprob entries, vLLM's prompt_logprobs) on the request's first event."""
+        if self.prompt_done:
+            return "", (), None
+        self.prompt_done = True
+        entries = getattr(ev, "prompt_logprobs", ())
+        text = ""
+        if self.echo:
+            text = self.body.prompt if isinstance(self.body.prompt, str) else "".join(e["token"] for e in entries)
+        echoed = entries if self.echo and self.want_logprobs else ()
+        vllm = vllm_prompt_logprobs(entries) if getattr(self.body, "prompt_logprobs", None) is not None else None
+        return text, echoed, vllm
+
+    def _completion_event(self, ev):
+        """A completion's event with its prompt part in front (and, with max_tokens 0, nothing else)."""
+        text, echoed, vllm = self._prompt_part(ev)
+        gen_text, gen_lps = ("", ()) if self.score_only else (ev.text, ev.logprobs)
+        return text + gen_text, (*echoed, *gen_lps), vllm
 
     def open(self, first) -> None:
         """Read the request's first event (`Started`, `Delta` or `Finished`): the output parser starts inside
@@ -67,9 +107,14 @@ class Output:
 
     def delta(self, ev: Delta) -> list[dict]:
         self.open(ev)
-        lp = self.logprobs(ev.logprobs) if self.want_logprobs and ev.logprobs else None
         if not self.chat:
-            return [self._chunk(ev.text, None, lp)] if ev.text or lp else []
+            text, lps, vllm = self._completion_event(ev)
+            lp = self.logprobs(lps) if self.want_logprobs and lps else None
+            chunks = [self._chunk(text, None, lp)] if text or lp or vllm is not None else []
+            if vllm is not None:
+                chunks[0]["choices"][0]["prompt_logprobs"] = vllm
+            return chunks
+        lp = self.logprobs(ev.logprobs) if self.want_logprobs and ev.logprobs else None
         deltas = self.parser.feed(ev.text) if self.parser else ([{"content": ev.text}] if ev.text else [])
         if lp is not None and not deltas:
             deltas = [{}]
@@ -85,12 +130,15 @@ class Output:
 
     def result(self, ev: Finished) -> dict:
         self.open(ev)
-        lp = self.logprobs(ev.logprobs) if self.want_logprobs else None
         if not self.chat:
-            body = P.completion_response(self.rid, self.model, ev.text, ev.finish_reason, ev.prompt_tokens,
-                                         ev.completion_tokens)
-            body["choices"][0].update(index=self.index, logprobs=lp)
+            text, lps, vllm = self._completion_event(ev)
+            body = P.completion_response(self.rid, self.model, text, ev.finish_reason, ev.prompt_tokens,
+                                         0 if self.score_only else ev.completion_tokens)
+            body["choices"][0].update(index=self.index, logprobs=self.logprobs(lps) if self.want_logprobs else None)
+            if vllm is not None:
+                body["choices"][0]["prompt_logprobs"] = vllm
             return body
+        lp = self.logprobs(ev.logprobs) if self.want_logprobs else None
         if self.parser is None:
             msg, reason = {"role": "assistant", "content": ev.text}, ev.finish_reason
         else:
@@ -117,8 +165,12 @@ class Choices:
         bodies = [o.result(ev) for o, ev in zip(self.outs, events)]
         joined = bodies[0]
         joined["choices"] = [b["choices"][0] for b in bodies]
-        joined["usage"] = P.usage(events[0].prompt_tokens, sum(ev.completion_tokens for ev in events))
+        joined["usage"] = P.usage(events[0].prompt_tokens, self._generated(events))
         return joined
+
+    def _generated(self, events: list[Finished]) -> int:
+        """Completion tokens of every choice (none where max_tokens 0 only scored the prompt)."""
+        return 0 if self.outs[0].score_only else sum(ev.completion_tokens for ev in events)
 
     def head(self, firsts) -> list[str]:
         out = []
@@ -132,13 +184,14 @@ class Choices:
 
     def finish(self, i: int, ev: Finished) -> list[str]:
         o = self.outs[i]
-        out = [sse(c) for c in o.delta(Delta(ev.text, (), ev.logprobs)) + o.finish(ev)]
+        tail = Delta(ev.text, (), ev.logprobs, prompt_logprobs=ev.prompt_logprobs)
+        out = [sse(c) for c in o.delta(tail) + o.finish(ev)]
         self.finished[i] = ev
         if self.include_usage and len(self.finished) == len(self.outs):
             done = list(self.finished.values())
             out.append(sse({"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
                             "model": self.model, "choices": [],
-                            "usage": P.usage(done[0].prompt_tokens, sum(e.completion_tokens for e in done))}))
+                            "usage": P.usage(done[0].prompt_tokens, self._generated(done))}))
         return out
 
     def fail(self, message: str, type_: str, param=None, code=None) -> list[str]:

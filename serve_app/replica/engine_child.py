@@ -21,6 +21,7 @@ Messages to the replica (pickled over the pipe):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -167,6 +168,9 @@ class EngineChild:
                 entry = prepare.logprob_entry(self.engine.tokenizer, ev)
             except Exception:  # the token still goes out (a lost event would hang its request)
                 log.exception("logprob entry failed for sequence %d", ev.seq_id)
+        if isinstance(ev, TokenEvent) and ev.prompt_logprobs:  # the prompt's, wire-ready (the replica has no tokenizer)
+            ev = dataclasses.replace(ev, prompt_logprobs=prepare.prompt_entries(self.engine.tokenizer, seq.prompt_ids,
+                                                                               ev.prompt_logprobs))
         self.pacer.hold(rid, (rid, ev, entry, seq.admitted_at, time.perf_counter()), ev.final)
         if ev.final:
             self.seqs.pop(ev.seq_id, None)

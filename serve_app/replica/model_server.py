@@ -152,7 +152,7 @@ class ModelServer:
                 inbox.push(item.at if isinstance(item, Token) and item.at else time.perf_counter(), item)
 
         rid = self.engine.submit(req, sink)
-        text, ids, lps, n, done = [], [], [], 0, False
+        text, ids, lps, n, done, scored = [], [], [], 0, False, ()
         try:
             if stream:  # a refusal is a status code: no Started before the request is prepared
                 await answered
@@ -173,6 +173,7 @@ class ModelServer:
                         yield failure(item.event)
                         return
                     n += 1
+                    scored = getattr(item.event, "prompt_logprobs", None) or scored  # the first event's entries
                     text.append(item.event.text)
                     ids.append(item.event.token_id)
                     if item.logprob_entry is not None:
@@ -181,11 +182,12 @@ class ModelServer:
                 final, batch = batch[-1][1], None
                 if final.final:  # the tail rides on Finished: one message, not two
                     done = True
-                    yield Finished(final.event.finish_reason, prompt[0], n, "".join(text), tuple(lps), prompt[1])
+                    yield Finished(final.event.finish_reason, prompt[0], n, "".join(text), tuple(lps), prompt[1],
+                                   scored)
                     return
                 if stream and ids:
-                    yield Delta("".join(text), tuple(ids), tuple(lps), prompt[1], prompt[0])
-                    text, ids, lps = [], [], []
+                    yield Delta("".join(text), tuple(ids), tuple(lps), prompt[1], prompt[0], scored)
+                    text, ids, lps, scored = [], [], [], ()
         finally:  # the caller went away (cancelled, or stopped reading): free the slot at the next step
             if not done:
                 self.engine.cancel(rid)

@@ -80,6 +80,8 @@ def sequence_options(engine, req: GenerateRequest, in_thought: bool = False) -> 
         opts["grammar"] = engine.grammars.compile(grammar, req.grammar_param or "response_format")
     if req.logprobs is not None:
         opts["logprobs"] = req.logprobs
+    if req.prompt_logprobs is not None:
+        opts["prompt_logprobs"] = req.prompt_logprobs
     if req.keep_special:
         opts["skip_special_tokens"] = False
     return opts
@@ -103,3 +105,21 @@ def logprob_entry(tokenizer, ev) -> dict:
         return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
 
     return {**one(ev.token_id, ev.logprob), "top_logprobs": [one(t, lp) for t, lp in ev.top]}
+
+
+def prompt_entries(tokenizer, prompt_ids: list[int], scores: tuple) -> tuple[dict, ...]:
+    """Each prompt token in the chat shape (`logprob_entry`), with its id and rank among the vocabulary: the
+    engine's `TokenEvent.prompt_logprobs` (None for the first token) made wire-ready, token text included."""
+    def one(t: int, lp: float) -> dict:
+        s = token_text(tokenizer, t)
+        return {"token": s, "id": t, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+
+    out = []
+    for t, score in zip(prompt_ids, scores):
+        if score is None:
+            out.append({**one(t, None), "rank": None, "top_logprobs": []})
+            continue
+        lp, top, rank = score
+        out.append({**one(t, lp), "rank": rank, "top_logprobs": [{**one(i, v), "rank": r + 1}
+                                                                  for r, (i, v) in enumerate(top)]})
+    return tuple(out)

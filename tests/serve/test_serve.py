@@ -4,6 +4,7 @@ official `openai` client. Plus a fake-engine app for back-pressure and NeuronCor
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -104,6 +105,45 @@ def test_openai_client_chat_and_completions(tiny_app, engines):
     outputs = {name: c.completions.create(model=name, prompt=[2, 40, 41, 42], max_tokens=8, temperature=0)
                .choices[0].text for name in MODELS}
     assert len(set(outputs.values())) == 3  # each name reached its own model
+
+
+def test_echo_with_logprobs_as_lm_eval_sends_it(tiny_app, engines):
+    """lm-evaluation-harness's loglikelihood request (token ids, echo, logprobs 1, max_tokens 1), the official
+    client's echo, max_tokens 0 (score only), vLLM's prompt_logprobs, streamed echo, and the refusals."""
+    from neuron_workers.engine.params import SamplingParams as SP
+
+    eng, ids = engines["e4b"], [2] + [(7 * i + 3) % 400 + 20 for i in range(30)]
+    seq = eng.new_sequence(ids, SP(max_tokens=1), prompt_logprobs=1)
+    want = [None] + [lp for lp, _, _ in list(eng.run_all([seq]))[0].prompt_logprobs[1:]]
+    with httpx.Client(timeout=60) as h:
+        body = {"model": "e4b", "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,
+                "seed": 1234}
+        r = h.post(f"{tiny_app}/completions", json=body).json()
+        lp = r["choices"][0]["logprobs"]
+        assert lp["token_logprobs"][:len(ids)] == pytest.approx(want) and len(lp["token_logprobs"]) == len(ids) + 1
+        assert lp["top_logprobs"][0] is None and all(len(t) == 1 for t in lp["top_logprobs"][1:])
+        assert r["choices"][0]["text"].startswith("".join(lp["tokens"][:len(ids)]))
+        assert r["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        r = h.post(f"{tiny_app}/completions", json={**body, "max_tokens": 0}).json()
+        assert len(r["choices"][0]["logprobs"]["tokens"]) == len(ids) and r["usage"]["completion_tokens"] == 0
+        r = h.post(f"{tiny_app}/completions", json={"model": "e4b", "prompt": ids, "max_tokens": 2,
+                                                    "prompt_logprobs": 2}).json()
+        pl = r["choices"][0]["prompt_logprobs"]
+        assert pl[0] is None and len(pl) == len(ids) and all(str(t) in d for t, d in zip(ids[1:], pl[1:]))
+        assert [d[str(t)]["logprob"] for t, d in zip(ids[1:], pl[1:])] == pytest.approx(want[1:])
+        streamed = h.post(f"{tiny_app}/completions", json={"model": "e4b", "prompt": "Once upon a time",
+                                                           "max_tokens": 4, "echo": True, "stream": True}).text
+        chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).startswith("Once upon a time")
+        for bad, param in (({"max_tokens": 0}, "max_tokens"), ({"prompt_logprobs": 21}, "prompt_logprobs")):
+            r = h.post(f"{tiny_app}/completions", json={"model": "e4b", "prompt": "hi", **bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        r = h.post(f"{tiny_app}/chat/completions", json={"model": "e4b", "echo": True,
+                                                         "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    r = client(tiny_app).completions.create(model="e4b", prompt="Once upon a time", max_tokens=3, temperature=0,
+                                            echo=True, logprobs=2)
+    assert r.choices[0].text.startswith("Once upon a time") and r.choices[0].logprobs.token_logprobs[0] is None
 
 
 def test_seeded_sampling_and_stop_strings(tiny_app, engines):
