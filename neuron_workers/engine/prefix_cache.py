@@ -81,15 +81,21 @@ class PrefixCache:
         kept = self.windows.best(slot, lcp) if self.windows is not None else None
         return kept if kept is not None else (0, None)
 
-    def choose(self, prompt: list[int], free: list[int]) -> tuple[int, int, int | None, int | None]:
+    def choose(self, prompt: list[int], free: list[int], live: tuple = ()) -> tuple[int, int, int | None, int | None]:
         """(slot, reused tokens, window entry to restore or None, slot to clone from or None) for `prompt` among
         the `free` slots: the longest usable match (the most recently used on a tie), else an empty slot, else
         the least recently used kept one. A match that would cut the history of the slot holding it short (by
         more than the slack) is cloned into another free slot when one is empty or less recently used, so that
-        slot keeps its longer history (a shared system prompt must not erase the conversations after it)."""
+        slot keeps its longer history (a shared system prompt must not erase the conversations after it).
+        `live`: (slot, history, reach) of running sequences whose prompt is in their slot (with kept windows
+        only): a longer match there is cloned into a free slot (the n choices of one request prefill once)."""
         best = max(((*self.match(prompt, s), self.kept[s][2], s) for s in free if s in self.kept),
                    key=lambda m: (m[0], m[2]), default=None)
         empty = [s for s in free if s not in self.kept]
+        running = max(((self._live(prompt, h, r), s) for s, h, r in live), default=(0, None))
+        if self.windows is not None and free and running[0] > (best[0] if best is not None else 0):
+            target = empty[0] if empty else min(free, key=lambda t: self.kept[t][2])
+            return target, running[0], None, running[1]
         if best is not None and best[0] > 0:
             n, entry, used, s = best
             if n + self.ring - self.window < len(self.kept[s][0]) and self.windows is not None:
@@ -102,18 +108,25 @@ class PrefixCache:
             return empty[0], 0, None, None
         return min(free, key=lambda s: self.kept[s][2]), 0, None, None
 
+    def _live(self, prompt: list[int], history: list[int], reach: int) -> int:
+        """Tokens of `prompt` a running sequence's slot (its `history`, written up to `reach`) can give."""
+        lcp = min(common_prefix(prompt, history), len(prompt) - 1)
+        return lcp if lcp >= MIN_REUSE and self.usable(lcp, reach) else 0
+
     def take(self, slot: int, prompt_tokens: int, reused: int, entry: int | None = None,
-             src: int | None = None) -> int:
+             src: int | None = None, src_reach: int | None = None) -> int:
         """A sequence of `prompt_tokens` was admitted into `slot`, reusing `reused` of them (through the kept
         window `entry`, if not None; from slot `src`'s KV cloned into `slot`, if not None); returns the reach the
         sequence carries on. Reusing the rings: the slot's (earlier occupants wrote past the match too).
         Through a window: the rings hold only positions reused - W .. reused - 1 and what the sequence writes,
         so later matches must not reach before those (reach = reused - W + ring). Reusing nothing: 0 (it writes
-        every position it reads itself)."""
+        every position it reads itself). `src_reach`: a running `src`'s (a kept one's is known here)."""
         _, reach, _ = self.kept.pop(slot, ((), 0, 0))
-        if src is not None:
+        if src is not None and src in self.kept:
             reach = self.kept[src][1]  # the clone's rings are src's
             self.kept[src] = (*self.kept[src][:2], next(self._clock))
+        elif src is not None:
+            reach = src_reach
         self.query_tokens += prompt_tokens
         self.hit_tokens += reused
         if self.windows is not None:

@@ -57,14 +57,18 @@ class Scheduler:
             budget, chunked = budget - n, True
         while self.waiting and self.free_slots:
             seq = self.waiting[0]
+            if self._twin_prefilling(seq):
+                break  # its prompt's twin is being prefilled: it clones that slot once the prefill is done
             scored = seq.prompt_logprobs is not None  # every prompt position's logits: nothing reused
-            slot, hit, entry, src = self.prefix.choose([] if scored else seq.prompt_ids, self.free_slots) \
+            live = self._live() if self.prefix is not None and not scored else {}
+            slot, hit, entry, src = self.prefix.choose([] if scored else seq.prompt_ids, self.free_slots,
+                                                       tuple(live.values())) \
                 if self.prefix else (self.free_slots[0], 0, None, None)
             cost = self._piece(seq, hit)
             long = cost < len(seq.prompt_ids) - hit
             if work and (cost > budget or (long and chunked)):
                 break
-            self._admit_one(slot, hit, entry, src)
+            self._admit_one(slot, hit, entry, src, live[src][2] if src in live else None)
             if long:
                 self.chunking, chunked = seq, True
             work.append((seq, cost))
@@ -92,7 +96,23 @@ class Scheduler:
         if self.chunking is seq and seq.prefilled >= len(seq.prompt_ids):
             self.chunking = None
 
-    def _admit_one(self, slot: int, reused: int, entry: int | None = None, src: int | None = None) -> Sequence:
+    def _live(self) -> dict[int, tuple]:
+        """slot -> (slot, history, reach) of the running sequences whose prompt is in their slot, which a new
+        sequence may clone (with kept windows, `PrefixCache.choose`)."""
+        if self.prefix.windows is None:
+            return {}
+        return {s.slot: (s.slot, s.cached, max(s.reach, len(s.cached) + 1)) for s in self.running.values()
+                if s.output_ids}
+
+    def _twin_prefilling(self, seq: Sequence) -> bool:
+        """Whether a running sequence with the same prompt is still being prefilled (the n choices of a request):
+        `seq` then waits a step or so and clones its slot instead of prefilling the prompt again."""
+        if self.prefix is None or self.prefix.windows is None or seq.prompt_logprobs is not None:
+            return False
+        return any(not s.output_ids and s.prompt_ids == seq.prompt_ids for s in self.running.values())
+
+    def _admit_one(self, slot: int, reused: int, entry: int | None = None, src: int | None = None,
+                   src_reach: int | None = None) -> Sequence:
         seq = self.waiting.popleft()
         self.free_slots.remove(slot)
         seq.slot, seq.status, seq.admitted_at = slot, Status.RUNNING, time.perf_counter()
@@ -100,7 +120,7 @@ class Scheduler:
         # what the engine copies into the slot before its first piece: another slot's KV, a kept window
         seq.restore = (src, entry) if src is not None or entry is not None else None
         if self.prefix is not None:
-            seq.reach = max(seq.reach, self.prefix.take(slot, len(seq.prompt_ids), reused, entry, src))
+            seq.reach = max(seq.reach, self.prefix.take(slot, len(seq.prompt_ids), reused, entry, src, src_reach))
         self.running[seq.slot] = seq
         return seq
 

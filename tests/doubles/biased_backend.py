@@ -24,3 +24,8 @@ class BiasedBackend:
 
     def decode(self, inputs):
         return self._add(self.inner.decode(inputs))
+
+    def extend(self, spec, inputs):
+        """The extend graph's logits too (a reused or cloned prompt's first token comes from it)."""
+        out = self.inner.extend(spec, inputs)
+        return self._add(out) if isinstance(out, torch.Tensor) else out

@@ -167,3 +167,32 @@ def test_keep_points_pool_and_settings(tiny_dirs):
         assert eng.prefix.windows.entries == 6  # the default: 2 a slot
     finally:
         eng.close()
+
+
+@pytest.mark.slow
+def test_twins_prefill_once(tiny_dirs):
+    """Four sequences with one prompt at once (a request's n choices): the first prefills it, the others wait a
+    step and clone its slot (prompt tokens but the last reused); greedy tokens equal transformers', and seeded
+    samples equal the same seeds run one at a time on a cold engine."""
+    d = tiny_dirs["gemma4-12b-tiny"]
+    ref = hf_reference(d)
+    prompt = SYSTEM + turn(13, words(12, 2)) + GEN
+    eng, cold = engine(d, max_batch=4), engine(d, max_batch=1, prefix_cache=False)
+    try:
+        greedy_p = SamplingParams(max_tokens=8, ignore_eos=True)
+        seeded = lambda i: SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, top_k=20, seed=5 + i)
+        for choice in (lambda i: greedy_p, seeded):
+            before = eng.prefix.hit_tokens
+            seqs = [eng.new_sequence(prompt, choice(i)) for i in range(4)]
+            toks = {s.seq_id: [] for s in seqs}
+            for ev in eng.run_all(seqs):
+                toks[ev.seq_id].append(ev.token_id)
+            assert [s.reused for s in seqs[1:]] == [len(prompt) - 1] * 3
+            assert eng.prefix.hit_tokens - before >= 3 * (len(prompt) - 1)
+            for i, s in enumerate(seqs):
+                want = hf_greedy(ref, prompt, 8) if choice(i).greedy else \
+                    [e.token_id for e in cold.generate(prompt, choice(i))]
+                assert toks[s.seq_id] == want, i
+    finally:
+        eng.close()
+        cold.close()
