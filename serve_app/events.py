@@ -45,6 +45,7 @@ class Finished:
     logprobs: tuple[dict, ...] = ()  # per-token logprobs of those tokens, when asked
     in_thought: bool = False
     prompt_logprobs: tuple[dict, ...] = ()  # as Delta's, when no Delta came first
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop"), if one did
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ class TokenEvent:
     # the first event of a sequence that asked for prompt logprobs: per prompt token, None for the first, else
     # (its logprob given the tokens before it, the top n (token id, logprob) there, its rank: 1 the most likely)
     prompt_logprobs: tuple | None = None
+    stop_str: str | None = None  # the final event of a sequence a stop string ended: which one
 
     @property
     def final(self) -> bool:

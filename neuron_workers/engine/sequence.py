@@ -89,6 +89,7 @@ class Sequence:
         elif finish:
             text += self.stops.flush()
         self.finish_reason = finish
+        stop_str = self.stops.matched if self.stops.hit else None
         if self.logprobs is not None and sampled is not None and sampled.logprob is not None:
-            return TokenEvent(self.seq_id, token, text, finish, sampled.logprob, sampled.top)
-        return TokenEvent(self.seq_id, token, text, finish)
+            return TokenEvent(self.seq_id, token, text, finish, sampled.logprob, sampled.top, stop_str=stop_str)
+        return TokenEvent(self.seq_id, token, text, finish, stop_str=stop_str)

@@ -9,14 +9,16 @@ class StopStrings:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.hit = False
+        self.matched: str | None = None  # the stop string that ended the output (the first one in the text)
 
     def feed(self, text: str) -> str:
         """Add generated text; return what is safe to send now. Sets `hit` on a stop string."""
         if not self.stops:
             return text
         self.held += text
-        cut = min((i for i in (self.held.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for i, s in ((self.held.find(s), s) for s in self.stops) if i >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             out, self.held, self.hit = self.held[:cut], "", True
             return out
         keep = max((self._overlap(s) for s in self.stops), default=0)

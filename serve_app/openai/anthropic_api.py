@@ -153,6 +153,14 @@ def tool_choice(c) -> tuple:
     return {"auto": "auto", "any": "required", "none": "none"}[c["type"]], parallel
 
 
+def stop_fields(reason: str | None, stop: str | None) -> dict:
+    """Anthropic's stop_reason and stop_sequence: `stop_sequence` when one of the request's stop_sequences
+    ended the output."""
+    if reason == "stop" and stop is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop}
+    return {"stop_reason": STOP_REASONS.get(reason) if reason else None, "stop_sequence": None}
+
+
 class MessagesWriter:
     """One request's Message, whole (`result`) or as Anthropic's stream events."""
 
@@ -167,10 +175,10 @@ class MessagesWriter:
                                             in_thought=getattr(first, "in_thought", False)))
         return self.blocks
 
-    def message(self, content: list, reason: str | None, prompt: int, completion: int) -> dict:
+    def message(self, content: list, reason: str | None, prompt: int, completion: int,
+                stop: str | None = None) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.chat.model, "content": content,
-                "stop_reason": STOP_REASONS.get(reason) if reason else None, "stop_sequence": None,
-                "usage": {"input_tokens": prompt, "output_tokens": completion}}
+                **stop_fields(reason, stop), "usage": {"input_tokens": prompt, "output_tokens": completion}}
 
     @staticmethod
     def _block(b: dict, whole: bool = True) -> dict:
@@ -187,7 +195,7 @@ class MessagesWriter:
         blocks.feed(ev.text)
         blocks.flush()
         return self.message([self._block(b) for b in blocks.blocks], blocks.finish_reason(ev.finish_reason),
-                            ev.prompt_tokens, ev.completion_tokens)
+                            ev.prompt_tokens, ev.completion_tokens, ev.stop_sequence)
 
     @staticmethod
     def _event(kind: str, **fields) -> str:
@@ -204,8 +212,8 @@ class MessagesWriter:
     def finish(self, i: int, ev) -> list[str]:
         blocks = self._open(ev)
         lines = self._lines(blocks.feed(ev.text) + blocks.flush())
-        reason = STOP_REASONS.get(blocks.finish_reason(ev.finish_reason))
-        return lines + [self._event("message_delta", delta={"stop_reason": reason, "stop_sequence": None},
+        stop = stop_fields(blocks.finish_reason(ev.finish_reason), ev.stop_sequence)
+        return lines + [self._event("message_delta", delta=stop,
                                     usage={"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}),
                         self._event("message_stop")]
 

@@ -183,7 +183,7 @@ class ModelServer:
                 if final.final:  # the tail rides on Finished: one message, not two
                     done = True
                     yield Finished(final.event.finish_reason, prompt[0], n, "".join(text), tuple(lps), prompt[1],
-                                   scored)
+                                   scored, getattr(final.event, "stop_str", None))
                     return
                 if stream and ids:
                     yield Delta("".join(text), tuple(ids), tuple(lps), prompt[1], prompt[0], scored)

@@ -86,6 +86,22 @@ def test_responses_length_is_incomplete():
     assert r["status"] == "incomplete" and r["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
+def test_messages_stop_sequence_is_reported():
+    """A stop string that ended the output is `stop_reason: "stop_sequence"` with the string, whole and streamed;
+    the engine says which one matched (the first in the text)."""
+    from neuron_workers.engine.stops import StopStrings
+
+    stops = StopStrings(["END", "NE"])
+    assert stops.feed("the ") == "the " and stops.feed("ENDING") == "" and stops.matched == "END"
+    body = AA.MessagesBody.model_validate({"model": "m", "max_tokens": 5, "stop_sequences": ["END"],
+                                           "messages": [{"role": "user", "content": "x"}]})
+    whole = AA.MessagesWriter(body).result([Finished("stop", 1, 5, "abc", stop_sequence="END")])
+    assert (whole["stop_reason"], whole["stop_sequence"]) == ("stop_sequence", "END")
+    w = AA.MessagesWriter(body)
+    events = sse_events(w.head([Started(1, False)]) + w.finish(0, Finished("stop", 1, 5, "abc", stop_sequence="END")))
+    assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": [{"type": "input_image"}]}, "input[0].type"),
