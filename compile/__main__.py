@@ -179,6 +179,10 @@ def _hlo(args) -> int:
 def main(argv=None) -> int:
     args = parse(argv)
     try:
+        if args.cmd in ("build", "hlo", "smoke"):  # before torch_xla is imported: every gather lowers sparsely
+            from neuron_workers.backends.neuron import force_sparse_gathers
+
+            force_sparse_gathers()
         if args.cmd == "build":
             return _build(args)
         if args.cmd == "plan":

@@ -88,9 +88,9 @@ def extend_shapes(batch: int, chunk: int, k: int) -> list:
 
 
 def load_drafter(cfg: EngineConfig, loaded, ctx: int, progress):
-    """The MTP drafter `cfg.draft_model` (a `gemma4_assistant` checkpoint), checked against the target and the
-    build (neuron; at tp=2 its heads must split as the target's K/V do; k within the rings' slack), in the build's
-    dtype."""
+    """The MTP drafter `cfg.draft_model` (a `gemma4_assistant` or `gemma4_unified_assistant` checkpoint), checked
+    against the target and the build (neuron; at tp=2 its heads must split as the target's K/V do; k within the
+    rings' slack), in the build's dtype."""
     from neuron_workers.engine.speculate import check_speculative_tokens
     from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info
     from neuron_workers.parallel.shard_plan import plan_for_assistant
@@ -99,7 +99,7 @@ def load_drafter(cfg: EngineConfig, loaded, ctx: int, progress):
         raise UserError(f"a build with draft_model is a neuron build (asked: {cfg.backend}); the cpu backend runs "
                         "the drafter without artifacts", param="draft_model")
     info = read_assistant_info(cfg.draft_model)
-    check_pairing(info, loaded.dims)
+    check_pairing(info, loaded.dims, loaded.info.model_type)
     plan_for_assistant(info.text_config, cfg.tp)  # a UserError when its heads do not split over tp ranks
     check_speculative_tokens(speculative_tokens(cfg), loaded.dims.ring_size(ctx), loaded.dims.sliding_window, ctx,
                              mtp=True)

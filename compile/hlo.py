@@ -10,7 +10,14 @@ candidate graphs' `_h` variants and the `draft` graph) and `audit.json`; prints 
 The audit (`audit`) reads the ENTRY computation: the op inventory, 64-bit types, the largest literal
 constants, how each KV buffer is written (a scatter of one position per row in decode, never a select
 over the whole buffer; the draft graph writes none: every KV buffer leaves as the parameter it came in as),
-and the width of every row a `sort` / `topk` orders (the tiled top-K's tiles).
+how it is read (`kv_slot_gathers`: the slots a gather copies out of a whole buffer; none in decode and the verify
+graph, which attend over the buffers in place),
+and the width of every row a `sort` / `topk` orders (the tiled top-K's tiles), and the gathers a Neuron device
+would lower densely (`element_gathers`): torch-xla 2.9 lowers a torch.gather whose gathered dim holds
+<= 10 x XLA_DENSE_GATHER_FACTOR (default 8,192: 81,920) elements as a one-hot compare / select / reduce on a NEURON
+device (`IsSparseGather`); on the XLA CPU device every one is an HLO `gather` of single elements (`offset_dims={}`),
+which the audit lists with its gathered dim's size, and `dense_on_neuron` counts those under the factor the build
+runs with (`neuron.force_sparse_gathers` sets 0: none).
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ OPERAND = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
 NAMED = re.compile(r"^\s*(?:ROOT )?(%\S+) = ")
 ROOT_OPERANDS = re.compile(r"%[\w.-]+")
 WIDE = ("f64", "s64", "u64", "c128")
+GATHER = re.compile(r" gather\(([a-z]+\d*)\[([\d,]*)\](?:\{[^}]*\})? %[^,]+, ([a-z]+\d*)\[([\d,]*)\].*?"
+                    r"offset_dims=\{([\d,]*)\}")
+DEFAULT_DENSE_FACTOR = 8192  # torch-xla 2.9's XLA_DENSE_GATHER_FACTOR default
 VERIFY_T = 8  # T of the per-position (speculative verify) extend graph the audit covers
 
 
@@ -77,10 +87,50 @@ def audit(hlo: str, kv_shapes: list[tuple[int, ...]]) -> dict:
                 kv_params += 1
     constants.sort(key=lambda c: -c[1])
     sorts = sort_widths(hlo)
+    gathered = element_gathers(hlo)
+    slot_reads = kv_slot_gathers(hlo, kv)
     return {"ops": dict(sorted(ops.items(), key=lambda kv_: (-kv_[1], kv_[0]))), "wide": wide,
             "largest_constants": constants[:3], "constant_elements": sum(n for _, n in constants),
             "kv_parameters": kv_params, "kv_selects": kv_selects, "kv_scatter_update_elements": kv_scatters,
-            "kv_passed_through": passed_through(hlo, kv), "sort_widths": sorts, "widest_sort": max(sorts, default=0)}
+            "kv_passed_through": passed_through(hlo, kv), "sort_widths": sorts, "widest_sort": max(sorts, default=0),
+            "element_gathers": gathered, "dense_on_neuron": dense_on_neuron(gathered), "kv_slot_gathers": slot_reads}
+
+
+def kv_slot_gathers(hlo: str, kv: set[tuple[int, ...]]) -> list[int]:
+    """For every `gather` that takes a whole KV buffer (a KV-shaped operand), the slots it copies out (its result's
+    first dim): 1 in the chunk graphs (their one row's slot), none in decode and the graphs over every slot, which
+    read the buffers in place (`model.in_place`)."""
+    out = []
+    for line in entry_lines(hlo):
+        m, i = GATHER.search(line), INSTR.match(line)
+        if m and i and _dims(m.group(2)) in kv:
+            out.append(_dims(i.group(2))[0])
+    return out
+
+
+def element_gathers(hlo: str) -> list[int]:
+    """The gathered dim's size of every element-wise `gather` of the ENTRY computation (torch.gather's lowering:
+    no offset dims; an `index_select`'s slices have offset dims and are always sparse). The gathered dim is the one
+    the operand has more of than the result (the largest operand dim when none is: a permutation)."""
+    out = []
+    for line in entry_lines(hlo):
+        m = GATHER.search(line)
+        if not m or m.group(5):
+            continue
+        operand, result = _dims(m.group(2)), _dims(INSTR.match(line).group(2)) if INSTR.match(line) else ()
+        grown = [a for a, b in zip(operand, result) if a > b]
+        out.append(max(grown) if grown else max(operand, default=0))
+    return out
+
+
+def dense_on_neuron(gathered: list[int], factor: int | None = None) -> int:
+    """How many of `gathered` (`element_gathers`) a NEURON device lowers densely under XLA_DENSE_GATHER_FACTOR
+    `factor` (None: this process's environment, torch-xla's default 8,192 when unset; 0: none)."""
+    if factor is None:
+        import os
+
+        factor = int(os.environ.get("XLA_DENSE_GATHER_FACTOR", DEFAULT_DENSE_FACTOR))
+    return sum(1 for n in gathered if n <= factor * 10)
 
 
 def passed_through(hlo: str, kv: set[tuple[int, ...]]) -> int:
@@ -158,8 +208,11 @@ def write_hlo(cfg, out_dir: str | Path, progress=print) -> dict[str, dict]:
             progress(f"{tag}: {sum(a['ops'].values())} instructions, {a['ops'].get('parameter', 0)} parameters, "
                      f"64-bit {a['wide'] or 'none'}, largest constant {biggest[0]}, KV: "
                      f"{len(a['kv_scatter_update_elements'])} scatters, {a['kv_selects']} whole-buffer selects, "
-                     f"{a['kv_passed_through']} returned unchanged, "
-                     f"sorts over rows of {a['sort_widths'] or 'none'}")
+                     f"{a['kv_passed_through']} returned unchanged, {len(a['kv_slot_gathers'])} slot gathers "
+                     f"({sum(a['kv_slot_gathers'])} slots), "
+                     f"sorts over rows of {a['sort_widths'] or 'none'}, {len(a['element_gathers'])} element gathers "
+                     f"(widest {max(a['element_gathers'], default=0)}), {a['dense_on_neuron']} dense on a Neuron "
+                     f"device")
     finally:
         engine.close()
     (out / "audit.json").write_text(json.dumps(report, indent=1))

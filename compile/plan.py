@@ -15,8 +15,9 @@ Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
   `decode_logits` (only for steps where a row needs the whole distribution) `batch x vocab` bf16 logits.
 Host: the PLE table (memory-mapped, shared by all replicas of a model) against the instance's RAM.
 
-With an MTP drafter (`--draft-model DIR`, a `gemma4_assistant` checkpoint's config.json; real assistants' sizes
-are not in our references, so nothing is printed about one unless given): its weights join the core's (bf16,
+With an MTP drafter (`--draft-model DIR`, a `gemma4_assistant` or `gemma4_unified_assistant` checkpoint's
+config.json, checked against the target as at load; real assistants' sizes are not in our references, so nothing is
+printed about one unless given): its weights join the core's (bf16,
 `token_ordering` int32; no PLE, no KV: its layers read the target's store layers), and `draft_read` is what one
 draft step of `batch` rows reads from HBM: its layers, norms and projections, the head rows it scores (with
 `use_ordered_embeddings`: each row's `centroid_top_k` clusters of the vocabulary, else the whole tied embedding),
@@ -175,6 +176,10 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
         raise UserError(f"max context must be in [2, {dims.max_position_embeddings}], got {ctx}")
     plan = make_plan(dims, intermediate_sizes(cfg), tp)
     cores, ram_gib = INSTANCES[instance]
+    if drafter is not None:
+        from neuron_workers.model.assistant import check_pairing
+
+        check_pairing(drafter, dims, cfg.model_type)  # a drafter for another target (or of the wrong kind) refused
     draft = drafter_plan(drafter, dims, batch, ctx, plan) if drafter is not None else None
     w = weights_per_core(cfg, dims, plan)
     wd = w + (draft["weights"] if draft else 0)

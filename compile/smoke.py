@@ -26,6 +26,11 @@ time limit (a TP collective that hangs must still report):
            CPU backend's mixed graph, the `_h` one's hidden states within HIDDEN_RTOL too (`mixed_check`)
   tp2      the same with a tiny E4B-like checkpoint at tp=2 on cores 0-1 (its drafter's layers split over the
            two cores; the CPU reference runs it whole)
+  (tp1 and tp2 also build the verify graph of 2 drafts, `extend_2x3_all_h`, which reads the KV in place, and check
+  it against the CPU backend's gathering one on the same rows, given out of slot order; and time every graph)
+  state    does an unchanged clone of a state buffer (the draft graph's) copy it? timed against a one-entry write
+           and a full rewrite; prints the decision (`smoke_state`)
+  topkt    the tiled top-K timed at the decode, tp=2-shard and verify shapes (`smoke_state`)
 One table, PASS/FAIL per step (a step that reported and then exited non-zero says so, and fails); exit
 1 if any step failed. Without the SDK: one line saying what to install, exit 2.
 """
@@ -43,8 +48,10 @@ from compile.smoke_tiny import LOGIT_TOL, compare_logits, tiny  # noqa: F401 (th
 from neuron_workers.errors import UserError
 
 PINS = {"torch-neuronx": "2.9.0.2.15.32035", "neuronx-cc": "2.26.6360.0", "neuronx-distributed": "0.19.28492"}
-STEPS = {"sdk": None, "topk": "0", "toy": "0", "tp1": "0", "tp2": "0,1"}  # step -> NEURON_RT_VISIBLE_CORES
-STEP_TIMEOUT_S = {"sdk": 120, "topk": 1200, "toy": 1200, "tp1": 2400, "tp2": 2400}  # neuronx-cc: all but sdk
+STEPS = {"sdk": None, "topk": "0", "toy": "0", "state": "0", "topkt": "0", "tp1": "0",
+         "tp2": "0,1"}  # step -> NEURON_RT_VISIBLE_CORES
+STEP_TIMEOUT_S = {"sdk": 120, "topk": 1200, "toy": 1200, "state": 1200, "topkt": 1800, "tp1": 2400,
+                  "tp2": 2400}  # neuronx-cc: all but sdk
 TOPK_BATCH, TOPK_WIDTH, TOPK_K = 32, 262144, 256
 
 
@@ -63,6 +70,9 @@ def main(argv: list[str]) -> int:
     width = max(len(r["step"]) for r in rows)
     for r in rows:
         print(f"{r['step']:<{width}}  {'PASS' if r['ok'] else 'FAIL'}  {r['seconds']:7.1f}s  {r['detail']}")
+    state = next(r for r in rows if r["step"] == "state")
+    print("read-only state (the draft graph): " + (state["detail"].split("decision: ", 1)[-1] if state["ok"] else
+                                                   "undecided (the state step failed); keep GEMMA4_DRAFT_STATE=rmw"))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
@@ -97,8 +107,10 @@ def version_ok(got: str | None, want: str) -> bool:
 
 def _run_step(step: str) -> dict:
     try:
-        ok, detail = {"sdk": _sdk, "topk": _topk, "toy": _toy, "tp1": lambda: tiny("gemma4-e2b-tiny", 1),
-                      "tp2": lambda: tiny("gemma4-e4b-tiny", 2)}[step]()
+        from compile.smoke_state import state_step, topk_times_step
+
+        ok, detail = {"sdk": _sdk, "topk": _topk, "toy": _toy, "state": state_step, "topkt": topk_times_step,
+                      "tp1": lambda: tiny("gemma4-e2b-tiny", 1), "tp2": lambda: tiny("gemma4-e4b-tiny", 2)}[step]()
     except Exception as e:  # a smoke test reports, it does not stop at the first failure
         ok, detail = False, f"{type(e).__name__}: {e}"
     return {"ok": ok, "detail": detail}

@@ -20,6 +20,10 @@ graphs, at tp=2 its layers split over the two cores) and then:
             (and its `_logits` variant) on both backends with the same inputs: the decode row and the chunk's last
             position compared as above, and with the drafter (`mixed_2x16_h`) their hidden states within
             HIDDEN_RTOL of the CPU's largest value (`mixed_check`)
+  verify    the verify graph of 2 drafts (`extend_2x3_all_h`: every slot, per-position candidates; it reads the KV in
+            place) on rows given out of slot order (slot 1, then slot 0 with a short row), against the CPU backend's
+            (which gathers each slot's buffers): candidates of every real position compared (`verify_check`)
+  times     every graph the device ran, its median time per call (`GraphTimes`)
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
         art = Path(tmp) / "art"
         drafter = str(write_tiny_assistant(ckpt, Path(tmp) / "drafter", seed=1))
         build(EngineConfig(str(ckpt), "neuron", tp, 64, (16, 32), "bfloat16", artifacts=str(art), max_batch=2,
-                           prefill_chunk=CHUNK, draft_model=drafter, num_speculative_tokens=0),
+                           prefill_chunk=CHUNK, draft_model=drafter, num_speculative_tokens=VERIFY_K),
               progress=lambda m: None, jobs=1)
         cpu = build_engine(EngineConfig(model=str(ckpt), max_context=64, prefill_buckets=(16, 32), max_batch=2,
                                         dtype="bfloat16"))
@@ -60,6 +64,7 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
         device = build_engine(EngineConfig(model=str(ckpt), backend="neuron", tp=tp, artifacts=str(art),
                                            prefill_chunk=CHUNK, prefix_cache=False))
         backend = device.backend
+        times = GraphTimes(backend)
         try:
             got = replay(backend, rec)  # the CPU's inputs, call by call: teacher forcing
             has_top = backend.candidates > 0
@@ -71,13 +76,73 @@ def tiny(name: str, tp: int) -> tuple[bool, str]:
             # the slots hold what extend_check wrote, the same on both backends
             draft_ok, drafted = draft_step(rec.inner, backend, drafter)
             mix_ok, mixed = mixed_check(rec.inner, backend, device.model.ple, device.dims.sliding_window, CHUNK)
-            ext_ok, ext = ext_ok and draft_ok and mix_ok, f"{ext}; {drafted}; {mixed}"
+            ver_ok, verified = verify_check(rec.inner, backend, device.model.ple, device.dims.sliding_window)
+            ext_ok = ext_ok and draft_ok and mix_ok and ver_ok
+            ext = f"{ext}; {drafted}; {mixed}; {verified}; graph times: {times.summary()}"
         finally:
             device.close()
             cpu.close()
     ok, msg = compare_logits([w for _, w in rec.calls], got, f"tp={tp}: ")
     agree = ("tokens equal" if top == full else "tokens DIFFER") if has_top else "MISSING"
     return ok and has_top and top == full and ext_ok, f"{msg}; top-K decode graph vs decode_logits: {agree}; {ext}"
+
+
+VERIFY_K = 2  # drafts of the verify graph the tiny builds trace (`extend_2x3_all_h`)
+
+
+class GraphTimes:
+    """Wraps a backend's `_run` (and `draft`): seconds per call, by graph tag."""
+
+    def __init__(self, backend):
+        import time
+
+        self.calls: dict[str, list[float]] = {}
+        run, draft = backend._run, getattr(backend, "draft", None)
+
+        def timed_run(spec, inputs):
+            t = time.perf_counter()
+            try:
+                return run(spec, inputs)
+            finally:
+                self.calls.setdefault(spec.tag, []).append(time.perf_counter() - t)
+
+        def timed_draft(inputs):
+            t = time.perf_counter()
+            try:
+                return draft(inputs)
+            finally:
+                self.calls.setdefault("draft", []).append(time.perf_counter() - t)
+
+        backend._run = timed_run
+        if draft is not None:
+            backend.draft = timed_draft
+
+    def summary(self) -> str:
+        import statistics
+
+        return ", ".join(f"{tag} {statistics.median(t) * 1e3:.2f} ms x{len(t)}"
+                         for tag, t in sorted(self.calls.items()))
+
+
+def verify_check(cpu, device, ple, window: int) -> tuple[bool, str]:
+    """After `mixed_check` (slot 0 holds PROMPTS[0] and its decoded token, slot 1 all of EXTEND_PROMPT): a verify
+    step of VERIFY_K drafts over both slots, rows given out of slot order (slot 1, then slot 0 with one draft fewer),
+    on both backends with the same inputs; every real position's candidates compared."""
+    import torch
+
+    from neuron_workers.model.extend_inputs import extend_inputs
+
+    rows = [(1, [3, 4, 5][: VERIFY_K + 1], len(EXTEND_PROMPT)), (0, [9, 10, 11][:VERIFY_K], len(PROMPTS[0]) + 1)]
+    out = {}
+    for name, b in (("cpu", cpu), ("device", device)):
+        spec = b.extend_spec(VERIFY_K + 1, b.max_batch, per_position=True)
+        out[name] = b.extend(spec, extend_inputs(spec, rows, ple, window))
+    tag = device.extend_spec(VERIFY_K + 1, device.max_batch, per_position=True).tag
+
+    def real(c):  # [R, T, K] -> the real positions' rows [n, K]
+        return [torch.cat([x[r, : len(ids)] for r, (_, ids, _) in enumerate(rows)]) for x in (c.values, c.ids)]
+
+    return compare_candidates(real(out["cpu"]), real(out["device"]), f"{tag} (rows out of slot order): ")
 
 
 def _tokens(engine, prompts) -> list[list[int]]:

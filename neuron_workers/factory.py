@@ -31,7 +31,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
 
         require_xla()  # before loading: say what to install
         if cfg.tp != 1:
-            raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: README, 'The xla "
+            raise UserError("the xla backend runs tp=1 (why not tp=2 on XLA CPU devices: docs/neuron.md, 'The xla "
                             "backend')", param="tp")
     model = load_model(cfg.model, DTYPES[cfg.dtype], with_weights=cfg.tp == 1)  # tp ranks load their own
     ctx = resolve_context(cfg.max_context, model.dims.max_position_embeddings)
@@ -82,11 +82,12 @@ def _from_artifacts(cfg: EngineConfig) -> Engine:
 
 
 def attach_mtp(engine: Engine, draft_model: str, dtype: torch.dtype) -> None:
-    """Load the `gemma4_assistant` checkpoint, check it fits the target, and make it the engine's drafter."""
+    """Load the `gemma4_assistant` (or, for a `gemma4_unified` target, `gemma4_unified_assistant`) checkpoint,
+    check it fits the target, and make it the engine's drafter."""
     from neuron_workers.engine.mtp import MtpDrafter
     from neuron_workers.model.assistant import check_pairing, load_assistant, read_assistant_info
 
-    check_pairing(read_assistant_info(draft_model), engine.dims)
+    check_pairing(read_assistant_info(draft_model), engine.dims, engine.model.info.model_type)
     assistant = load_assistant(draft_model, dtype)
     engine.backend.attach_drafter(assistant)
     engine.drafter = MtpDrafter(engine.backend, engine.dims.hidden_size, assistant.model.config.sliding_window)

@@ -23,6 +23,7 @@ Design (one path for tp=1 and tp=2):
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,7 +36,27 @@ INSTALL_HINT = ("the neuron backend needs the Neuron SDK 2.31 on an inf2 host: p
                 "https://pip.repos.neuron.amazonaws.com -e '.[neuron]' (torch-neuronx 2.9.0.2.15.32035, "
                 "neuronx-cc 2.26.6360.0, neuronx-distributed 0.19.28492)")
 BASE_FLAGS = "--model-type=transformer --auto-cast=none --enable-saturate-infinity --target inf2"
-PHASE_FLAGS = {PREFILL: f"{BASE_FLAGS} -O1", DECODE: f"{BASE_FLAGS} -O2", DRAFT: f"{BASE_FLAGS} -O2"}
+# NxD Inference's flags (models/model_wrapper.py), where they apply to ours:
+# - `--enable-ccop-compute-overlap`: overlap the tp=2 all-reduces / all-gathers with compute (every graph; no-op at
+#   tp=1); `--cc-pipeline-tiling-factor`: how finely a collective is pipelined with that compute: NxDI's default 2,
+#   1 for its token-generation and speculation graphs (few tokens: no tiles to pipeline);
+# - `--vectorize-strided-dma`: vectorized DMA for strided accesses (the KV reads, the per-layer slices), every graph
+#   (NxDI leaves it out only for 128k-token context encoding on trn2);
+# - `--verify-hlo=true` (hlo2tensorizer): the compiler checks the HLO it is given, failing early and by name;
+# - `-O1` with `--modular-flow-mac-threshold=10` for context encoding (its modular flow kicks in on every layer:
+#   compile time), `-O2` for token generation (no function-call overhead between modules).
+TILING = {PREFILL: 2, DECODE: 1, DRAFT: 1}
+
+
+def _nxdi_flags(phase: str) -> str:
+    level = "-O1" if phase == PREFILL else "-O2"
+    tensorizer = (f"--enable-ccop-compute-overlap --cc-pipeline-tiling-factor={TILING[phase]} "
+                  f"--vectorize-strided-dma")
+    hlo2t = "--modular-flow-mac-threshold=10 --verify-hlo=true" if phase == PREFILL else "--verify-hlo=true"
+    return f"{BASE_FLAGS} {level} --tensorizer-options='{tensorizer}' --internal-hlo2tensorizer-options='{hlo2t}'"
+
+
+PHASE_FLAGS = {phase: _nxdi_flags(phase) for phase in (PREFILL, DECODE, DRAFT)}
 MODEL_FILE, WEIGHTS_DIR = "nxd_model.pt", "weights"
 LAST, LOGITS, ALL = "last", "logits", "all"  # extend variants: last position's top-K, its logits, every position's
 MIXED_LAST, MIXED_LOGITS = "mixed", "mixed_logits"  # the mixed graph (every slot's decode + a chunk): top-K, logits
@@ -92,8 +113,29 @@ def graph_flags(spec: GraphSpec) -> str:
     return PHASE_FLAGS[spec.phase]
 
 
+DENSE_GATHER_VAR = "XLA_DENSE_GATHER_FACTOR"
+
+
+def force_sparse_gathers() -> None:
+    """XLA_DENSE_GATHER_FACTOR=0, before torch_xla lowers a gather. torch-xla 2.9 (`data_ops.cpp`, IsSparseGather)
+    lowers a torch.gather whose gathered dim has <= 10 x that factor (default 8,192: 81,920) elements as a dense
+    one-hot compare / select / reduce on a NEURON (or TPU) device: the ring write-back's gather over the flat
+    [B*H*ring, D] view (18,432 rows on E2B at B = 32) would grow to ~1.2 G elements at T = 256, the tiled top-K's
+    id gather to B x K x 8,192. The factor is read once, at the first gather, so a value set otherwise before this
+    process imported torch_xla is refused (one line)."""
+    import sys
+
+    before = os.environ.get(DENSE_GATHER_VAR)
+    if before not in (None, "0") and "torch_xla" in sys.modules:
+        raise UserError(f"{DENSE_GATHER_VAR}={before} in this process's environment: a build lowers every gather "
+                        f"sparsely (set {DENSE_GATHER_VAR}=0, or unset it, before starting)")
+    os.environ[DENSE_GATHER_VAR] = "0"
+
+
 def require_neuron():
-    """(torch_neuronx, neuronx_distributed), or a one-line UserError saying what to install."""
+    """(torch_neuronx, neuronx_distributed), or a one-line UserError saying what to install. Gathers lower
+    sparsely from here on (`force_sparse_gathers`)."""
+    force_sparse_gathers()
     try:
         import neuronx_distributed
         import torch_neuronx

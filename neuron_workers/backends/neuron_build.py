@@ -61,6 +61,9 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
             apply_tp(loaded.hf_lm, plan, 0, NxdCollectives())  # rank-0 shapes; SPMD: one program for all ranks
         model = graph_model(loaded.hf_lm, dims, max_context, batch, dtype, kv_heads)
         drafter_plan = attach_drafter(model, drafter, tp, full, persistent) if drafter is not None else None
+        if drafter is not None:
+            model.draft_state = draft_state()
+            progress(f"draft graph state: {model.draft_state} (GEMMA4_DRAFT_STATE; `compile smoke` step `state`)")
         model.use_topk(neuron_topk)
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
@@ -76,7 +79,7 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
         progress(f"compiling {len(specs)} graphs with neuronx-cc: {risk_order(flags)[0]} first and alone, then "
                  f"{jobs} at a time (minutes to tens of minutes each; logs in {out_dir / WORK_DIR}, compiled graphs "
                  f"kept in {out_dir / CACHE_DIR}); {len(persistent)} non-persistent buffers saved")
-        nxd_model = compile_graphs(builder, flags, out_dir, jobs, progress, resume_hint)
+        nxd_model = compile_graphs(builder, flags, out_dir, jobs, progress, resume_hint, weight_layout())
     nxd_model.save(str(out_dir / MODEL_FILE))
     (out_dir / WEIGHTS_DIR).mkdir(exist_ok=True)
     for r, w in enumerate(weights):
@@ -115,6 +118,30 @@ def trace_one(builder, model: NeuronGraphModel, spec, ple: bool) -> None:
     model.candidates, model.per_position, model.hidden = spec.candidates, spec.per_position, spec.hidden
     model.mixed = spec.phase == MIXED  # the mixed graph takes an extend graph's inputs
     builder.trace(args=zeros, tag=spec.tag)
+
+
+def weight_layout() -> bool:
+    """Whether the build optimizes the weights' device layout for `decode` (`neuron_compile.priority_layout`):
+    GEMMA4_WEIGHT_LAYOUT=1; off unless set, until `compile smoke` times it on hardware."""
+    import os
+
+    value = os.environ.get("GEMMA4_WEIGHT_LAYOUT", "0")
+    if value not in ("0", "1"):
+        raise UserError(f"GEMMA4_WEIGHT_LAYOUT={value!r}: 1 (optimize the weights' layout for decode) or 0")
+    return value == "1"
+
+
+def draft_state() -> str:
+    """How the draft graph keeps the KV as state (`graph_model.DRAFT_STATES`): GEMMA4_DRAFT_STATE, "clone" unless
+    set ("rmw" when `compile smoke`'s `state` step finds that an unchanged clone copies the buffers)."""
+    import os
+
+    from neuron_workers.model.graph_model import DRAFT_STATES
+
+    value = os.environ.get("GEMMA4_DRAFT_STATE", "clone")
+    if value not in DRAFT_STATES:
+        raise UserError(f"GEMMA4_DRAFT_STATE={value!r}: one of {', '.join(DRAFT_STATES)}")
+    return value
 
 
 def neuron_topk(x: torch.Tensor, k: int, dim: int):

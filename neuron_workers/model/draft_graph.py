@@ -6,7 +6,9 @@ the first draft of a round, then the drafter's own projected state. Every draft 
 position q, as transformers' `Gemma4AssistantCandidateGenerator` does. The assistant's layers compute no K/V:
 each reads the K/V buffers of the target's last sliding and last full KV layer (`assistant.store_layers`),
 read-only, through HF's `shared_kv_states`. The draft is the argmax of the assistant's head: the tied LM head,
-or with `use_ordered_embeddings` only the tokens of the `centroid_top_k` best centroids.
+or with `use_ordered_embeddings` only the tokens of the `centroid_top_k` best centroids. In a graph (`topk_op` set:
+the graph model's, the SDK's TopK in a Neuron build) the whole head's argmax is the tiled top-1
+(`tiled_topk`: fp32 tiles of at most 8,192, as the decode graphs' top-K), not one reduce over 262,144.
 
   inputs:  input_ids [B, 1], hidden [B, 1, H_target], position_ids [B, 1], mask_full [B, 1, 1, ctx],
            mask_sliding [B, 1, 1, ring], then k/v of the full store layer and k/v of the sliding one
@@ -73,8 +75,12 @@ class DraftGraph(nn.Module):
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
         """[rows, H] -> each row's best token id."""
         ids, logits = self._scores(h)
-        if ids is None:
-            return torch.argmax(logits, dim=-1)
+        if ids is None:  # the whole vocabulary: in a graph, through the tiled top-K (no 262,144-wide reduce)
+            if self.topk_op is None:
+                return torch.argmax(logits, dim=-1)
+            from neuron_workers.model.tiled_topk import tiled_topk
+
+            return tiled_topk(logits, 1, self.topk_op)[1][:, 0]
         return torch.gather(ids, 1, torch.argmax(logits, dim=-1, keepdim=True))[:, 0]
 
 

@@ -12,6 +12,12 @@ sliding layers over the ring *as it was before the chunk* followed by the chunk'
 [R, 1, T, ring + T]), so a chunk never needs ring slots it has just overwritten: chunked prefill needs no
 ring slack. KV-shared layers read what the storing layer returned (HF's `shared_kv_states`), with the same
 masks, as in the other graphs.
+
+In place (`in_place`, the graphs over every slot: R = B rows in slot order, row r is slot r; `in_place.py` puts the
+rows in that order and back): no layer gathers its slots' buffers. Full layers attend over the buffer after the
+write as it is (as `decode` does); sliding layers over the ring after the write, which still holds every key a
+query of the chunk needs when T <= ring slack + 1 (`RING_SLACK`: what bounds a verify), under the mask
+`in_place.ring_mask` derives from the host's.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from neuron_workers.model.dims import FULL, ModelDims
 
 class ExtendKV:
     def __init__(self, dims: ModelDims, kv: list[torch.Tensor], position_ids: torch.Tensor, last_idx: torch.Tensor,
-                 slots: torch.Tensor):
-        self.dims, self.kv = dims, kv
+                 slots: torch.Tensor, in_place: bool = False):
+        self.dims, self.kv, self.in_place = dims, kv, in_place
         self.index = {layer: 2 * j for j, layer in enumerate(dims.kv_layers)}
         self.pos, self.slots = position_ids, slots  # [R, T], [R] (the ids' dtype: int32 on the Neuron graphs)
         rows, t = position_ids.shape
@@ -37,6 +43,8 @@ class ExtendKV:
         full = self.dims.layer_types[layer_idx] == FULL
         old_k, old_v = self.kv[j], self.kv[j + 1]
         self.kv[j], self.kv[j + 1] = self._write(old_k, k), self._write(old_v, v)
+        if self.in_place:  # rows are the slots in order: the buffers as they are after the write
+            return self.kv[j], self.kv[j + 1]
         if full:  # attend over the slot's whole buffer, the chunk included
             return self.kv[j].index_select(0, self.slots), self.kv[j + 1].index_select(0, self.slots)
         return (torch.cat([old_k.index_select(0, self.slots), k.to(old_k.dtype)], dim=2),

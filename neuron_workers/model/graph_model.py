@@ -19,6 +19,10 @@ model's draft takes a one-element placeholder for `per_layer_inputs` (ModelBuild
 the graph reads none). The candidate graphs have `_h` variants (`hidden`: they also return the normed last hidden
 state).
 
+The extend graphs over every slot (R = B: the verify graph of speculative decoding) read the KV buffers in place
+(`in_place.in_place_forward`: the host rows put in slot order, no gather of the slots' buffers); `in_place = False`
+runs them as the other extend graphs (gathering each layer's rows by `slots`: the tests compare the two).
+
 The tied LM head reads the embedding *module* (`TiedHead`), never a Parameter shared by two modules:
 torch-xla documents that a Parameter tie made before the move to the device becomes two device copies
 (the trace would take the vocab x hidden matrix twice: ~0.8 GB more HBM for E2B).
@@ -31,10 +35,16 @@ from torch import nn
 
 from neuron_workers.model.dims import FULL, SLIDING
 from neuron_workers.model.graphs import GemmaGraph
+from neuron_workers.model.in_place import in_place_forward, in_place_ok
 from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, MIXED, PREFILL, decode_candidates, make_spec
 from neuron_workers.model.tiled_topk import torch_topk_op
 
 ID_DTYPE = torch.int32  # inf2 downcasts int64 to int32 anyway
+# How the draft graph (which writes no KV) keeps every KV buffer as state: "clone" returns an unchanged copy (torch-xla
+# lowers it to the parameter itself; whether the runtime then aliases or copies it is what `compile smoke`'s `state`
+# step measures), "rmw" writes one entry of each buffer with its own value (a real read-modify-write, as every other
+# graph's update: the fallback). A build picks it with GEMMA4_DRAFT_STATE (`neuron_build`).
+DRAFT_STATES = ("clone", "rmw")
 
 
 class TiedHead(nn.Module):
@@ -82,6 +92,9 @@ class NeuronGraphModel(nn.Module):
         self.per_position = False
         self.hidden = False
         self.mixed = False  # extend inputs that are the mixed graph's (B decode tokens, then one chunk)
+        self.in_place = True  # R = B extend graphs read the KV in place (`in_place.py`)
+        self.draft_state = "clone"  # how the draft graph keeps the KV as state (`DRAFT_STATES`)
+        self.max_batch = max_batch
         self.kv_names = []
         for t in make_spec(dims, DECODE, max_batch, 1, max_context, dtype, ID_DTYPE, kv_heads).kv_inputs:
             name = t.name.replace(".", "_")
@@ -121,11 +134,25 @@ class NeuronGraphModel(nn.Module):
         if phase == DRAFT:
             return self._draft(host)
         graph = self.graphs[self._variant(phase)]
-        out = graph(*host, *(getattr(self, n) for n in self.kv_names))
+        kv = [getattr(self, n) for n in self.kv_names]
+        if self._runs_in_place(graph, host):
+            out = in_place_forward(graph, dict(zip(graph.names, host)), kv)
+        else:
+            out = graph(*host, *kv)
         n = graph.spec.num_heads
         for name, new in zip(self.kv_names, out[n:]):
             setattr(self, name, new)  # out-of-place update that read the old buffer: aliased device state
         return out[0] if n == 1 else tuple(out[:n])
+
+    def _runs_in_place(self, graph, host) -> bool:
+        """An extend graph (not mixed) over every slot with T within the rings' slack (static shapes only)."""
+        if graph.spec.phase != EXTEND or not self.in_place:
+            return False
+        rows, t = host[0].shape[:2]
+        rings = [getattr(self, n).shape[2] for n, layer in zip(self.kv_names[::2], self.dims.kv_layers)
+                 if self.dims.layer_types[layer] == SLIDING]
+        ring = rings[0] if rings else t + self.dims.sliding_window
+        return in_place_ok(self.dims, self.max_batch, rows, t, ring)
 
     def _variant(self, phase: str) -> tuple:
         """The graph key (phase, candidates, per_position, hidden) the module's switches name for `phase`."""
@@ -141,7 +168,13 @@ class NeuronGraphModel(nn.Module):
             raise RuntimeError("this graph model has no drafter: attach one before running the draft phase")
         out = self.draft_graph(*host, *(getattr(self, n) for n in self.draft_kv))
         for name in self.kv_names:
-            setattr(self, name, getattr(self, name).clone())
+            buf = getattr(self, name)
+            if self.draft_state == "rmw":  # the fallback: a real read-modify-write of one entry (its own value)
+                first = buf.reshape(-1, buf.shape[-1])[:1]
+                setattr(self, name, buf.reshape(-1, buf.shape[-1]).index_copy(
+                    0, torch.zeros(1, dtype=torch.int64, device=buf.device), first).reshape(buf.shape))
+            else:
+                setattr(self, name, buf.clone())
         return out
 
 

@@ -17,6 +17,11 @@ several equal values at the K-th place is kept) is left to the op, as with `torc
 (`engine/topk.canonical`).
 
 `op(x, k, dim) -> (values, indices)` is `torch_topk_op` here; the Neuron build passes the SDK's TopK.
+
+Every op call (tiled or not, the merge, the shards' candidates) gets fp32 values and its ids become int32 at once
+(`_op`): NxD Inference casts logits to fp32 before its sampler's TopK and tests that op in fp32 only, and the public
+TopK returns u32 ids, which an index (`clusters[top]`, a gather) would refuse. The values leave in the input's dtype
+(bf16 values are exact in fp32 and back).
 """
 
 from __future__ import annotations
@@ -46,31 +51,39 @@ def tile_width(width: int, k: int, limit: int = TILE_LIMIT) -> int:
     return half if width % 2 == 0 and half >= k else width
 
 
+def _op(op: TopKOp, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One top-k op call over the rows of x in fp32; its ids int32 (the SDK's are u32, torch's int64)."""
+    vals, idx = op(x.float(), k, 1)
+    return vals, idx.to(torch.int32)
+
+
 def tiled_topk(x: torch.Tensor, k: int, op: TopKOp = torch_topk_op, tile: int | None = None):
     """(values, ids) of the k largest of each row of x [B, W], best first: a top-k per tile, then over the
-    tiles' candidates. Ids are int32 when the row was tiled (else the op's index dtype)."""
+    tiles' candidates. Every op runs on fp32; values come back in x's dtype, ids int32."""
     b, width = x.shape
     tile = tile or tile_width(width, k)
     if width <= tile:
-        return op(x, k, 1)
+        vals, ids = _op(op, x, k)
+        return vals.to(x.dtype), ids
     n, rest = divmod(width, tile)
     kt = min(k, tile)
-    vals, idx = op(x[:, : n * tile].reshape(b * n, tile), kt, 1)  # every whole tile in one op
-    idx = idx.to(torch.int32)  # ids stay int32 in the graph (inf2 narrows int64 anyway)
+    vals, idx = _op(op, x[:, : n * tile].reshape(b * n, tile), kt)  # every whole tile in one op
     offsets = torch.arange(n, device=x.device, dtype=torch.int32) * tile
     ids = (idx.reshape(b, n, kt) + offsets[None, :, None]).reshape(b, n * kt)
     vals = vals.reshape(b, n * kt)
     if rest:  # a last, narrower tile (no Gemma-4 width has one)
-        rv, ri = op(x[:, n * tile:], min(k, rest), 1)
-        vals, ids = torch.cat([vals, rv], dim=1), torch.cat([ids, ri.to(ids.dtype) + n * tile], dim=1)
-    return merge(vals, ids, k, op)
+        rv, ri = _op(op, x[:, n * tile:], min(k, rest))
+        vals, ids = torch.cat([vals, rv], dim=1), torch.cat([ids, ri + n * tile], dim=1)
+    best, top = merge(vals, ids, k, op)
+    return best.to(x.dtype), top
 
 
 def merge(vals: torch.Tensor, ids: torch.Tensor, k: int, op: TopKOp = torch_topk_op):
     """The k best of candidate (vals, ids) [B, M]: one op over M (never wider than the tile at real sizes:
-    32 x 256 = 8,192 candidates for 32 tiles, 2 x 256 at tp=2), then the ids of the winners."""
-    best, pos = op(vals, k, 1)
-    return best, torch.gather(ids, 1, pos.to(torch.int64))
+    32 x 256 = 8,192 candidates for 32 tiles, 2 x 256 at tp=2), then the ids of the winners (int32). Values in
+    vals' dtype."""
+    best, pos = _op(op, vals, k)
+    return best.to(vals.dtype), torch.gather(ids.to(torch.int32), 1, pos.to(torch.int64))
 
 
 def sharded_topk(local: torch.Tensor, k: int, all_gather: Callable[[torch.Tensor], torch.Tensor], vocab: int,

@@ -1,10 +1,13 @@
-"""Tiny random-weight MTP drafters (`gemma4_assistant` checkpoints) for the tiny targets of `tiny.py`.
+"""Tiny random-weight MTP drafters (`gemma4_assistant` checkpoints, or with `unified` the 12B's kind,
+`gemma4_unified_assistant`) for the tiny targets of `tiny.py`.
 
     python -m neuron_workers.testing.tiny_assistant --target models/gemma4-e4b-tiny --out models/e4b-assistant
+    python -m neuron_workers.testing.tiny_assistant --target models/gemma4-12b-tiny --out models/12b-assistant --unified
 
-Written by transformers' own `Gemma4AssistantForCausalLM`, so keys and config.json are the real layout. That
-class cannot be built as shipped (5.23's `Gemma4TextConfig.kv_sharing_modes` raises when every layer reuses
-KV): `all_layers_share_kv()` patches that property for the duration of the build, saying so. Each drafter has
+Written by transformers' own `Gemma4AssistantForCausalLM` / `Gemma4UnifiedAssistantForCausalLM` (over a
+`gemma4_unified_text` stack), so keys and config.json are the real layout. Neither class can be built as shipped
+(5.23's `kv_sharing_modes` raises when every layer reuses KV): `all_layers_share_kv()` patches that property of
+both text configs for the duration of the build, saying so. Each drafter has
 one sliding and one full layer whose KV heads and head dims are those of the target's last sliding and last
 full KV layer, and (by default) the centroid-masked head of `use_ordered_embeddings` with a random token
 ordering, as the real E2B / E4B assistants. `write_assistant_config` writes a drafter's config.json alone (for a
@@ -26,27 +29,37 @@ from neuron_workers.testing.tiny import randomize
 
 @contextlib.contextmanager
 def all_layers_share_kv():
-    """Make transformers' Gemma4TextConfig answer "reuse" for every layer of an all-shared config (the
-    assistant's), as the published assistants need; restored on exit."""
-    from transformers import Gemma4TextConfig
+    """Make transformers' Gemma4TextConfig and Gemma4UnifiedTextConfig (each has its own copy of the property)
+    answer "reuse" for every layer of an all-shared config (the assistant's), as the published assistants need;
+    restored on exit."""
+    from transformers import Gemma4TextConfig, Gemma4UnifiedTextConfig
 
-    original = Gemma4TextConfig.kv_sharing_modes
+    originals = {cls: cls.__dict__["kv_sharing_modes"] for cls in (Gemma4TextConfig, Gemma4UnifiedTextConfig)
+                 if "kv_sharing_modes" in cls.__dict__}
 
-    def modes(self):
-        if self.num_kv_shared_layers and self.num_kv_shared_layers == self.num_hidden_layers:
-            return ["reuse"] * self.num_hidden_layers
-        return original.fget(self)
+    def patched(original):
+        def modes(self):
+            if self.num_kv_shared_layers and self.num_kv_shared_layers == self.num_hidden_layers:
+                return ["reuse"] * self.num_hidden_layers
+            return original.fget(self)
 
-    Gemma4TextConfig.kv_sharing_modes = property(modes)
+        return property(modes)
+
+    for cls, original in originals.items():
+        cls.kv_sharing_modes = patched(original)
     try:
         yield
     finally:
-        Gemma4TextConfig.kv_sharing_modes = original
+        for cls, original in originals.items():
+            cls.kv_sharing_modes = original
 
 
-def assistant_text(raw: dict, hidden: int = 32) -> dict:
+NOT_UNIFIED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block")  # no such fields
+
+
+def assistant_text(raw: dict, hidden: int = 32, unified: bool = False) -> dict:
     """The drafter's text config for a target (its config.json as a dict): layer 0 sliding, layer 1 full,
-    each with the KV heads and head dim of the target layer it reads."""
+    each with the KV heads and head dim of the target layer it reads (`unified`: a `gemma4_unified_text` one)."""
     from neuron_workers.model.assistant import store_layers
     from neuron_workers.model.checkpoint import text_config_from_dict
     from neuron_workers.model.dims import FULL, SLIDING, ModelDims
@@ -65,17 +78,28 @@ def assistant_text(raw: dict, hidden: int = 32) -> dict:
                 layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=2,
                 hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, use_double_wide_mlp=False,
                 enable_moe_block=False, tie_word_embeddings=True)
+    if unified:
+        text = {k: v for k, v in text.items() if k not in NOT_UNIFIED}
     return text
 
 
-def assistant_config(raw: dict, hidden: int = 32, ordered: bool = True, num_centroids: int = 16, top_k: int = 4):
-    """transformers' Gemma4AssistantConfig of a drafter for the target whose config.json is `raw` (call it inside
-    `all_layers_share_kv`)."""
+def assistant_config(raw: dict, hidden: int = 32, ordered: bool = True, num_centroids: int = 16, top_k: int = 4,
+                     unified: bool = False):
+    """transformers' Gemma4AssistantConfig (`unified`: Gemma4UnifiedAssistantConfig) of a drafter for the target
+    whose config.json is `raw` (call it inside `all_layers_share_kv`)."""
     import transformers as tf
 
-    text = tf.Gemma4TextConfig(**assistant_text(raw, hidden))
-    return tf.Gemma4AssistantConfig(text_config=text.to_dict(), backbone_hidden_size=raw.get("text_config", raw)[
-        "hidden_size"], use_ordered_embeddings=ordered, num_centroids=num_centroids, centroid_intermediate_top_k=top_k)
+    text_cls, cls = ((tf.Gemma4UnifiedTextConfig, tf.Gemma4UnifiedAssistantConfig) if unified
+                     else (tf.Gemma4TextConfig, tf.Gemma4AssistantConfig))
+    text = text_cls(**assistant_text(raw, hidden, unified))
+    return cls(text_config=text.to_dict(), backbone_hidden_size=raw.get("text_config", raw)["hidden_size"],
+               use_ordered_embeddings=ordered, num_centroids=num_centroids, centroid_intermediate_top_k=top_k)
+
+
+def model_class(unified: bool):
+    import transformers as tf
+
+    return tf.Gemma4UnifiedAssistantForCausalLM if unified else tf.Gemma4AssistantForCausalLM
 
 
 def write_assistant_config(target_config: Path, out: Path, **kw) -> Path:
@@ -85,22 +109,21 @@ def write_assistant_config(target_config: Path, out: Path, **kw) -> Path:
         cfg = assistant_config(json.loads(Path(target_config).read_text()), **kw)
     Path(out).mkdir(parents=True, exist_ok=True)
     d = cfg.to_dict()
-    d["architectures"] = ["Gemma4AssistantForCausalLM"]
+    d["architectures"] = [model_class(kw.get("unified", False)).__name__]
     (Path(out) / "config.json").write_text(json.dumps(d, indent=1))
     return Path(out)
 
 
 def write_tiny_assistant(target_dir: Path, out: Path, seed: int = 0, ordered: bool = True,
-                         num_centroids: int = 16, top_k: int = 4, hidden: int = 32) -> Path:
-    import transformers as tf
+                         num_centroids: int = 16, top_k: int = 4, hidden: int = 32, unified: bool = False) -> Path:
     from safetensors.torch import save_file
 
     raw = json.loads((Path(target_dir) / "config.json").read_text())
     gen = torch.Generator().manual_seed(seed)
     with all_layers_share_kv():
-        cfg = assistant_config(raw, hidden, ordered, num_centroids, top_k)
+        cfg = assistant_config(raw, hidden, ordered, num_centroids, top_k, unified)
         text = cfg.text_config
-        model = tf.Gemma4AssistantForCausalLM(cfg)
+        model = model_class(unified)(cfg)
     randomize(model, gen)
     if ordered:
         model.masked_embedding.token_ordering.copy_(torch.randperm(text.vocab_size, generator=gen))
@@ -114,7 +137,13 @@ def write_tiny_assistant(target_dir: Path, out: Path, seed: int = 0, ordered: bo
     return out
 
 
-def write_copying_assistant(target_dir: Path, out: Path) -> Path:
+def write_tiny_unified_assistant(target_dir: Path, out: Path, **kw) -> Path:
+    """A tiny `gemma4_unified_assistant` (the 12B's drafter kind) for a `gemma4_unified` target; `kw` as
+    `write_tiny_assistant`'s."""
+    return write_tiny_assistant(target_dir, out, unified=True, **kw)
+
+
+def write_copying_assistant(target_dir: Path, out: Path, unified: bool = False) -> Path:
     """A drafter that predicts exactly what a target with no attention or MLP output (every `o_proj` and
     `down_proj` zero, no per-layer inputs: the benches' looping 12B-like model) decodes next: the target's
     embedding and final norm, `pre_projection` passing the token embedding through, its own layers' outputs
@@ -126,7 +155,7 @@ def write_copying_assistant(target_dir: Path, out: Path) -> Path:
 
     raw = json.loads((Path(target_dir) / "config.json").read_text())
     hidden = raw.get("text_config", raw)["hidden_size"]
-    write_tiny_assistant(Path(target_dir), out, ordered=False, hidden=hidden)
+    write_tiny_assistant(Path(target_dir), out, ordered=False, hidden=hidden, unified=unified)
     info = read_checkpoint_info(target_dir)
     target = load_file(str(Path(target_dir) / "model.safetensors"))
     t = load_file(str(Path(out) / "model.safetensors"))
@@ -139,11 +168,11 @@ def write_copying_assistant(target_dir: Path, out: Path) -> Path:
 
 
 def reference_assistant(model_dir: Path):
-    """transformers' own Gemma4AssistantForCausalLM with the checkpoint's weights (the tests' reference)."""
-    import transformers as tf
-
+    """transformers' own Gemma4AssistantForCausalLM (or Gemma4UnifiedAssistantForCausalLM, as config.json says) with
+    the checkpoint's weights (the tests' reference)."""
+    unified = json.loads((Path(model_dir) / "config.json").read_text())["model_type"] == "gemma4_unified_assistant"
     with all_layers_share_kv():
-        model = tf.Gemma4AssistantForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model = model_class(unified).from_pretrained(str(model_dir), dtype=torch.float32)
     return model.eval()
 
 
@@ -153,8 +182,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", required=True, help="the tiny target checkpoint the drafter is for")
     ap.add_argument("--out", required=True, help="folder to write the drafter into")
     ap.add_argument("--plain-head", action="store_true", help="the full LM head instead of the centroid-masked one")
+    ap.add_argument("--unified", action="store_true", help="a gemma4_unified_assistant (for a gemma4_unified target)")
     args = ap.parse_args(argv)
-    print(write_tiny_assistant(Path(args.target), Path(args.out), ordered=not args.plain_head))
+    print(write_tiny_assistant(Path(args.target), Path(args.out), ordered=not args.plain_head, unified=args.unified))
     return 0
 
 

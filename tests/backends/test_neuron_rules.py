@@ -221,9 +221,43 @@ def test_double_topk_refuses_what_the_sdk_refuses():
             TopK.apply(x, 256, dim=1)  # what the decode graph ran before it was tiled
         with pytest.raises(ValueError, match="non-negative dim"):
             neuron_topk(x[:, :64], 4, -1)
+        with pytest.raises(neuron_double.DoubleRejects, match="bfloat16"):
+            TopK.apply(x[:, :64].bfloat16(), 4, dim=1)  # NxD Inference's TopK runs on fp32 only
         v, i = tiled_topk(x, 256, neuron_topk)
     want = torch.topk(x, 256)
-    assert torch.equal(v, want.values) and torch.equal(i, want.indices)
+    assert torch.equal(v, want.values) and torch.equal(i.long(), want.indices) and i.dtype == torch.int32
+
+
+@pytest.mark.parametrize("width,tp", [(262144, 1), (262144, 2), (512, 1), (96, 1)])
+def test_the_double_topk_sees_only_fp32_tiles_and_answers_as_torch_topk(width, tp):
+    """bf16 logits [B, 262,144] (the decode shape, and a tp=2 rank's shard with its merge), the tiny width (two
+    tiles) and a row narrower than two tiles of k (one untiled op): every TopK call the double sees is fp32 and at
+    most 8,192 wide; the values equal torch.topk's (in bf16), the ids are int32 (the SDK's are u32) and name
+    those values, and are torch.topk's ids wherever the value is not tied."""
+    from neuron_workers.backends.neuron_build import neuron_topk
+    from neuron_workers.model.tiled_topk import sharded_topk, tiled_topk
+
+    from doubles import neuron_double_units as units
+
+    g = torch.Generator().manual_seed(1)
+    b, k = 4, min(256, width // 2)
+    x = torch.randn(b, width, generator=g).bfloat16()
+    with neuron_double.installed():
+        if tp == 1:
+            v, i = tiled_topk(x, k, neuron_topk)
+        else:  # rank 0 of tp ranks; the all-gather concatenates every rank's candidates
+            ranks = [tiled_topk(shard, k, neuron_topk) for shard in x.chunk(tp, dim=1)]
+            gathered = {torch.int32: torch.cat([r[1] for r in ranks], 1), x.dtype: torch.cat([r[0] for r in ranks], 1)}
+            v, i = sharded_topk(x.chunk(tp, dim=1)[0], k, lambda t: gathered[t.dtype], width, neuron_topk)
+        calls = list(units.TOPK_CALLS)
+    assert calls and all(dt == torch.float32 and shape[1] <= units.TOPK_MAX_ROW for dt, shape, _ in calls), calls
+    want = torch.topk(x, k)
+    assert i.dtype == torch.int32 and v.dtype == torch.bfloat16
+    assert torch.equal(v, want.values)
+    assert torch.equal(torch.gather(x, 1, i.long()), v) and all(len(set(r.tolist())) == k for r in i)
+    untied = torch.cat([v[:, :-1] != v[:, 1:], torch.ones(b, 1, dtype=torch.bool)], 1) & torch.cat(
+        [torch.ones(b, 1, dtype=torch.bool), v[:, 1:] != v[:, :-1]], 1) & (v != v[:, -1:])  # the K-th may tie out
+    assert torch.equal(i.long()[untied], want.indices[untied])
 
 
 class Shaped(nn.Module):
@@ -264,3 +298,74 @@ def test_double_refuses_outputs_that_differ_from_the_traced_graph():
         module.width = 2  # the compiled graph would still return [2, 4]
         with pytest.raises(neuron_double.DoubleRejects, match=r"returned shapes \[\(2, 2\)\].*traced \[\(2, 4\)\]"):
             model.forward(torch.ones(4))
+
+
+def test_the_plain_head_draft_argmax_runs_through_the_tiled_topk(tiny_dirs, tmp_path):
+    """A drafter with the whole tied head (no centroids): in the graph model with the SDK's TopK (the double) its
+    argmax is a tiled top-1 on fp32 tiles (no reduce over the whole row), and the drafts equal the plain argmax's."""
+    from neuron_workers.backends.neuron_build import neuron_topk
+    from neuron_workers.model.assistant import load_assistant
+    from neuron_workers.model.draft_graph import DraftGraph, draft_masks
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
+    from doubles import neuron_double_units as units
+
+    name = "gemma4-e4b-tiny"
+    m = load_model(tiny_dirs[name])
+    module = graph_model(m.hf_lm, m.dims, 32, 3, torch.float32)
+    drafter = load_assistant(write_tiny_assistant(tiny_dirs[name], tmp_path / "plain", seed=2, ordered=False))
+    module.attach(drafter)
+    gen = torch.Generator().manual_seed(0)
+    for n in module.kv_names:
+        setattr(module, n, torch.randn(getattr(module, n).shape, generator=gen))
+    q = torch.tensor([5, 11, 20])
+    ids = torch.randint(0, m.dims.vocab_size, (3, 1), generator=gen, dtype=torch.int32)
+    hidden = torch.randn(3, 1, m.dims.hidden_size, generator=gen)
+    masks = draft_masks(q, 32, m.dims.ring_size(32), drafter.model.config.sliding_window, torch.float32)
+    inputs = (ids, hidden, q[:, None].to(torch.int32), *masks)
+    with neuron_double.installed(), torch.no_grad():
+        module.use_topk(neuron_topk)
+        args, kwargs = draft_call(inputs, bool(m.dims.ple_dim))
+        drafts, _ = module(*args, **kwargs)
+        calls = list(units.TOPK_CALLS)
+    assert calls and all(dt == torch.float32 for dt, _, _ in calls) and {k for _, _, k in calls} == {1}
+    plain = DraftGraph(drafter, m.hf_lm.model.embed_tokens, torch.int32)  # topk_op None: torch.argmax
+    kv = [getattr(module, n) for n in module.draft_kv]
+    with torch.no_grad():
+        want, _ = plain(ids, hidden, q[:, None], *masks, *kv)
+    assert torch.equal(drafts, want)
+
+
+@pytest.mark.slow
+def test_the_draft_state_fallback_rewrites_one_entry_and_keeps_every_buffer(tiny_dirs, tmp_path, monkeypatch):
+    """GEMMA4_DRAFT_STATE=rmw (`compile smoke`'s `state` step's fallback): the draft graph writes one entry of every
+    KV buffer with its own value, a real read-modify-write the trace links as state, and every buffer leaves as it
+    came; the variable is checked at build."""
+    from neuron_workers.backends.neuron_build import draft_state
+    from neuron_workers.model.assistant import load_assistant
+    from neuron_workers.model.draft_graph import draft_masks
+    from neuron_workers.testing.tiny_assistant import write_tiny_assistant
+
+    name = "gemma4-12b-tiny"
+    m = load_model(tiny_dirs[name])
+    module = graph_model(m.hf_lm, m.dims, 32, 3, torch.float32)
+    module.attach(load_assistant(write_tiny_assistant(tiny_dirs[name], tmp_path / "d", seed=1)))
+    monkeypatch.setenv("GEMMA4_DRAFT_STATE", "rmw")
+    module.draft_state = draft_state()
+    gen = torch.Generator().manual_seed(0)
+    before = {n: torch.randn(getattr(module, n).shape, generator=gen) for n in module.kv_names}
+    for n, t in before.items():
+        setattr(module, n, t)
+    q = torch.tensor([5, 9, 3])
+    masks = draft_masks(q, 32, m.dims.ring_size(32), 8, torch.float32)
+    inputs = (torch.zeros(3, 1, dtype=torch.int32), torch.randn(3, 1, m.dims.hidden_size, generator=gen),
+              q[:, None].to(torch.int32), *masks)
+    args, kwargs = draft_call(inputs, bool(m.dims.ple_dim))
+    uses, _ = trace_facts(module, args, kwargs)
+    assert all(u.read and u.written and u.from_old for u in uses.values()), uses
+    with torch.no_grad():
+        module(*args, **kwargs)
+    assert all(torch.equal(getattr(module, n), t) for n, t in before.items())
+    monkeypatch.setenv("GEMMA4_DRAFT_STATE", "copy")
+    with pytest.raises(UserError, match="GEMMA4_DRAFT_STATE"):
+        draft_state()

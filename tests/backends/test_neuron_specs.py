@@ -34,7 +34,8 @@ def test_graph_specs_are_the_buckets_the_decodes_then_the_extend_shapes(e2b_spec
     assert verify.per_position and verify.outputs[0].shape == (32, 8, 256)
     assert all(t.dtype == torch.int32 for s in specs for t in s.host_inputs if t.name in ("input_ids", "slots"))
     flags = {s.tag: neuron.graph_flags(s) for s in specs}
-    assert [f[-3:] for f in flags.values()] == ["-O1", "-O1", "-O2", "-O2", "-O1", "-O1", "-O2"]
+    assert [next(x for x in f.split() if x in ("-O1", "-O2")) for f in flags.values()] == [
+        "-O1", "-O1", "-O2", "-O2", "-O1", "-O1", "-O2"]
     assert neuron.chunk_shapes(0) == [] and e2b_specs.graph_specs()[-1].tag == "decode"
     as_kept = [1, 256, "logits"]  # how the manifest keeps a shape (JSON)
     assert neuron.ExtendShape(*as_kept) == neuron.ExtendShape(1, 256, neuron.LOGITS)
@@ -63,7 +64,7 @@ def test_with_a_drafter_the_candidate_graphs_are_the_h_variants_and_draft_comes_
     assert [(t.name, t.shape) for t in draft.host_inputs] == [
         ("input_ids", (32, 1)), ("hidden", (32, 1, 1536)), ("position_ids", (32, 1)), ("mask_full", (32, 1, 1, 4096)),
         ("mask_sliding", (32, 1, 1, 576))]
-    assert draft.num_kv == 0 and draft.num_heads == 2 and neuron.graph_flags(draft).endswith("-O2")
+    assert draft.num_kv == 0 and draft.num_heads == 2 and " -O2 " in neuron.graph_flags(draft)
 
 
 def test_artifacts_without_a_draft_graph_refuse_the_drafter_naming_the_field():

@@ -353,3 +353,36 @@ def test_neuron_build_with_an_mtp_drafter_traces_and_serves_the_draft_and_verify
     assert generate_main(args + ["--max-context", "64", "--dtype", "bfloat16"]) == 0
     plain = json.loads(capsys.readouterr().out)["token_ids"]
     assert ngram == plain == seq.output_ids and len(plain) == 12
+
+
+@pytest.mark.slow
+def test_neuron_build_with_the_12b_unified_drafter_serves_its_drafts(tiny_dirs, tmp_path, capsys):
+    """The 12B-like target with a `gemma4_unified_assistant` drafter: `compile build --draft-model` traces the draft
+    graph (the manifest records that drafter); served from the artifacts through the double, it drafts and the
+    greedy tokens equal the plain CPU engine's in bf16; an E-model target refuses it at build, naming draft_model."""
+    from neuron_workers.testing.tiny_assistant import write_tiny_unified_assistant
+
+    d, out = tiny_dirs["gemma4-12b-tiny"], tmp_path / "u"
+    drafter = write_tiny_unified_assistant(d, tmp_path / "drafter", seed=1)
+    prompt = ",".join(map(str, [2] + [(5 * i) % 60 + 7 for i in range(13)]))
+    args = ["--model", str(d), "--prompt-ids", prompt, "--max-tokens", "12", "--ignore-eos", "--json"]
+    with neuron_double.installed() as calls:
+        assert compile_main(["build", "--model", str(d), "--max-context", "64", "--prefill-buckets", "32",
+                             "--batch", "2", "--prefill-chunk", "0", "--num-speculative-tokens", "2",
+                             "--draft-model", str(drafter), "--out", str(out)]) == 0
+        assert [c[1] for c in calls if c[0] == "trace"][-1] == "draft"
+        assert Manifest.read(out).drafter["name"] == "drafter"
+        capsys.readouterr()
+        calls.clear()
+        assert generate_main(args + ["--backend", "neuron", "--artifacts", str(out), "--draft-model", str(drafter),
+                                     "--num-speculative-tokens", "2"]) == 0
+        drafted = json.loads(capsys.readouterr().out)["token_ids"]
+        assert ("forward", "draft") in calls and ("forward", "extend_2x3_all_h") in calls
+        e2b = tiny_dirs["gemma4-e2b-tiny"]
+        assert compile_main(["build", "--model", str(e2b), "--max-context", "64", "--prefill-buckets", "32",
+                             "--batch", "2", "--num-speculative-tokens", "2", "--draft-model", str(drafter),
+                             "--out", str(tmp_path / "refused")]) == 2
+        assert "gemma4_unified targets" in capsys.readouterr().err
+    assert generate_main(args + ["--max-context", "64", "--dtype", "bfloat16"]) == 0
+    plain = json.loads(capsys.readouterr().out)["token_ids"]
+    assert drafted == plain and len(plain) == 12

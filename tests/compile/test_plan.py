@@ -146,3 +146,28 @@ def test_at_tp2_the_drafter_layers_are_split_and_it_reads_each_rank_kv(tmp_path,
     read_drop = got[1]["drafter"]["draft_read"] - got[2]["drafter"]["draft_read"]
     assert kv2 * 2 == kv1 and read_drop > layers // 2  # the layers' half and the store layers' other-rank K/V
     assert got[2]["fits"] and got[2]["total_per_core"] < got[1]["total_per_core"]
+
+
+def test_the_12b_unified_drafter_is_planned_and_refused_for_an_e_model(tmp_path, capsys):
+    """A `gemma4_unified_assistant` config.json (the 12B's drafter kind) plans beside the real 12B: its weights
+    equal the loader's module's (a `Gemma4UnifiedTextModel` stack); beside E4B it is refused, naming the kind."""
+    from neuron_workers.model.assistant import Assistant, read_assistant_info
+    from neuron_workers.testing.tiny_assistant import write_assistant_config
+
+    twelve = CONFIGS / "gemma-4-12B.text_config.json"
+    draft = write_assistant_config(twelve, tmp_path / "drafter", hidden=256, num_centroids=2048, top_k=32,
+                                   unified=True)
+    assert json.loads((draft / "config.json").read_text())["model_type"] == "gemma4_unified_assistant"
+    assert compile_main(["plan", "--model", str(twelve), "--batch", "4", "--instance", "inf2.xlarge", "--json",
+                         "--draft-model", str(draft)]) in (0, 2)
+    got = json.loads(capsys.readouterr().out)
+    info = read_assistant_info(draft, with_weights=False)
+    with torch.device("meta"):
+        module = Assistant(info)
+    assert type(module.model).__name__ == "Gemma4UnifiedTextModel"
+    want = sum(t.numel() * (4 if k.endswith("token_ordering") else 2) for k, t in module.state_dict().items())
+    assert got["drafter"]["weights"] == want
+    e4b = CONFIGS / "gemma-4-E4B.text_config.json"
+    assert compile_main(["plan", "--model", str(e4b), "--batch", "4", "--instance", "inf2.xlarge",
+                         "--draft-model", str(draft)]) == 2
+    assert "gemma4_unified targets, not a gemma4_text one" in capsys.readouterr().err

@@ -158,8 +158,32 @@ def test_tp1_step_runs_against_the_double():
     assert "draft: 2 rows, max |next hidden diff| 0.000" in detail and "draft id equal in 1/1 clear rows" in detail
     assert "mixed_2x16_logits: 1 calls" in detail and "mixed_2x16_h: 256 candidates" in detail
     assert "mixed_2x16_h: 2 rows, max |hidden diff| 0.000" in detail
+    # the verify graph of 2 drafts (in place) against the CPU's gathering one, rows out of slot order
+    assert "extend_2x3_all_h (rows out of slot order): 256 candidates" in detail, detail
+    assert "graph times: " in detail and "extend_2x3_all_h " in detail and "draft " in detail
     traced = [c[1] for c in calls if c[0] == "trace"]
-    assert traced[-5:] == ["extend_1x16_h", "extend_1x16_logits", "mixed_2x16_h", "mixed_2x16_logits", "draft"]
+    assert traced[-6:] == ["extend_1x16_h", "extend_1x16_logits", "mixed_2x16_h", "mixed_2x16_logits",
+                           "extend_2x3_all_h", "draft"]
     ran = {c[1] for c in calls if c[0] == "forward"}
     assert {"decode_h", "decode_logits", "extend_1x16_h", "extend_1x16_logits", "mixed_2x16_h", "mixed_2x16_logits",
-            "draft"} <= ran
+            "extend_2x3_all_h", "draft"} <= ran
+
+
+def test_state_and_topk_timing_steps_run_against_the_double():
+    """`state` compiles the pass-through, one-entry and full-rewrite graphs over one state buffer and prints a
+    decision; `topkt` times the tiled top-K at the decode, tp=2 shard and verify shapes (the double: fp32 tiles
+    only). The decision rule: a clone that costs about the one-entry write is aliased, one that costs a copy is not."""
+    from compile import smoke_state
+
+    from doubles import neuron_double_units as units
+
+    with neuron_double.installed() as calls:
+        ok, detail = smoke._run_step("state").values()
+        assert ok and "passthrough" in detail and "rmw1" in detail and "decision: " in detail, detail
+        assert [c[1] for c in calls if c[0] == "trace"] == ["passthrough", "rmw1", "copy"]
+        ok, detail = smoke._run_step("topkt").values()
+        assert ok and "decode [32, 262144]" in detail and "verify [160, 262144]" in detail, detail
+        assert units.TOPK_CALLS and all(dt == torch.float32 for dt, _, _ in units.TOPK_CALLS)
+    assert smoke_state.decide(1e-4, 1e-4, 5e-3).startswith("aliased")
+    assert smoke_state.decide(5e-3, 1e-4, 5e-3).startswith("COPIES") and "GEMMA4_DRAFT_STATE=rmw" in \
+        smoke_state.decide(5e-3, 1e-4, 5e-3)

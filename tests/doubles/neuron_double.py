@@ -81,6 +81,7 @@ class TraceArtifacts:
     heads: list = None  # the graph's output shapes (before the state)
     module: object = None  # what the double runs in place of the NEFF
     hlo: object = None  # .SerializeToString(): the same bytes for the same trace
+    tag: str = ""  # the trace's tag (the weight layout calls name it)
 
 
 @dataclass
@@ -114,7 +115,7 @@ class ModelBuilder:
         hlo = FakeHlo(repr((names, inputs, weights, sorted(uses), switches, heads)))
         self.trace_artifacts_collection[tag] = TraceArtifacts(
             {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),
-            inputs, names, switches, heads, self.model, hlo)
+            inputs, names, switches, heads, self.model, hlo, tag)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -134,6 +135,7 @@ class ModelBuilder:
 class FakeNxDModel:
     def __init__(self, world_size=1, layout_transformer=None):
         self.world_size, self.module, self.traces, self.weights, self.on_device = world_size, None, {}, None, False
+        self.layout_transformer = layout_transformer
         self.routes: dict[str, list[str]] = {}
         self.arg_names: list[str] = []
 
@@ -244,6 +246,8 @@ def installed():
     """The fake SDK in sys.modules for the duration; CALLS cleared on entry."""
     CALLS.clear()
     units.COMPILED.clear()
+    units.TOPK_CALLS.clear()
+    units.WLO.clear()
     STATE["tp"] = 1
     tnx = types.ModuleType("torch_neuronx")
     tnx.__doc__ = "TEST DOUBLE"
@@ -261,11 +265,18 @@ def installed():
     trace = types.ModuleType("neuronx_distributed.trace")
     functions = types.ModuleType("neuronx_distributed.trace.functions")
     functions.compile = units.compile
+    functions.compile_wlo = units.compile_wlo
+    functions.compile_layout_transformer = units.compile_layout_transformer
+    hlo_utils = types.ModuleType("neuronx_distributed.trace.hlo_utils")
+    hlo_utils.mark_weights_for_wlo = units.mark_weights_for_wlo
+    hlo_utils.apply_layout_transformation = units.apply_layout_transformation
+    trace.hlo_utils = hlo_utils
     mb_utils = types.ModuleType("neuronx_distributed.trace.model_builder_utils")
     mb_utils.CompilationArtifacts = units.CompilationArtifacts
     nxd_model = types.ModuleType("neuronx_distributed.trace.nxd_model")
     nxd_model.NxDModel = FakeNxDModel
     mods = {"neuronx_distributed.trace": trace, "neuronx_distributed.trace.functions": functions,
+            "neuronx_distributed.trace.hlo_utils": hlo_utils,
             "neuronx_distributed.trace.model_builder_utils": mb_utils, "neuronx_distributed.trace.nxd_model": nxd_model,
             "torch_neuronx": tnx, "neuronx_distributed": nxd, "neuronx_distributed.parallel_layers": pl,
             "neuronx_distributed.parallel_layers.mappings": mappings, "torch_neuronx.xla_impl": xla_impl,

@@ -5,8 +5,10 @@ limits the real ones have or are reported to have. Nothing here is Neuron.
 - `TopK` (torch_neuronx.xla_impl.ops.TopK): refuses k > 16,384 (aws-neuron-sdk#1339), a row wider than
   `TOPK_MAX_ROW` (NxD's runnable trn1 TopK tests use rows of 64 and 3,158, its 16,384-wide cases are xfail,
   and neuronx-cc 2.26 is reported failing at 32,768: we trust 8,192 and no wider) and a negative dim (every
-  NxD caller passes a non-negative one). Equal values come back in reverse id order, so the host's own tie
-  rule is what the tests see.
+  NxD caller passes a non-negative one), and any input but fp32 (NxD Inference casts logits to fp32 before its
+  sampler's TopK and tests the op in fp32 only: a bf16 TopK is unproven). Ids come back as uint32, as the public
+  op's (so a caller that indexes with them unconverted fails here too). Equal values come back in reverse id
+  order, so the host's own tie rule is what the tests see. `TOPK_CALLS` records (dtype, shape, k) per call.
 - `compile(hlo, metaneff, workdir, flags, key)`: writes a fake NEFF and a compiler log under
   `workdir/key/<n>/` as NxD does (`log-neuron-cc.txt`), records the call, and fails (RuntimeError, with
   the log written) for the tags in `FAIL_COMPILE`, so fail-fast and resume can be tested.
@@ -26,6 +28,7 @@ import torch
 TOPK_MAX_K = 16384
 TOPK_MAX_ROW = 8192
 LOG_FILE = "log-neuron-cc.txt"  # ModelBuilderConstants.LOG_FILE_DEFAULT_NAME
+TOPK_CALLS: list[tuple[torch.dtype, tuple[int, ...], int]] = []  # (dtype, shape, k) of every TopK call
 COMPILED: list[tuple[str, str]] = []  # (tag, flags) compiled, in order (neuron_double.installed clears it)
 FAIL_COMPILE: set[str] = set()  # tags whose compile fails
 
@@ -46,8 +49,11 @@ class TopK:
         if tensor.shape[dim] > TOPK_MAX_ROW:
             raise DoubleRejects(f"TopK over a row of {tensor.shape[dim]}: wider than {TOPK_MAX_ROW}, which no "
                                 f"public run shows neuronx-cc compiling (tile it)")
+        if tensor.dtype != torch.float32:
+            raise DoubleRejects(f"TopK on {tensor.dtype}: NxD Inference runs TopK on fp32 logits only (cast first)")
+        TOPK_CALLS.append((tensor.dtype, tuple(tensor.shape), k))
         values, idx = torch.topk(tensor.flip(dim), k, dim=dim)
-        return values, tensor.shape[dim] - 1 - idx
+        return values, (tensor.shape[dim] - 1 - idx).to(torch.uint32)
 
 
 class CompilationArtifacts:
@@ -71,6 +77,46 @@ def compile(hlo_module, metaneff, compiler_workdir=None, compiler_args=None, key
     neff = out / "graph.neff"
     neff.write_bytes(b"test double NEFF for " + str(key).encode() + b" " + hlo_module.SerializeToString())
     return CompilationArtifacts(str(neff))
+
+
+WLO: list[tuple[str, object]] = []  # ("mark" | "compile_wlo" | "layout" | "apply", key): the layout calls in order
+
+
+class WLOArtifacts(CompilationArtifacts):
+    def __init__(self, neff_filepath: str, wrapped_neff_hlo_filepath: str | None):
+        super().__init__(neff_filepath)
+        self.wrapped_neff_hlo_filepath = wrapped_neff_hlo_filepath
+
+
+def mark_weights_for_wlo(trace_artifacts, weights_to_skip_layout_optimization=None):
+    """hlo_utils.mark_weights_for_wlo: the priority graph's HLO gets its weights marked (here: a note in its text)."""
+    WLO.append(("mark", trace_artifacts.tag))
+    trace_artifacts.hlo.text += " [weights marked for WLO]"
+
+
+def compile_wlo(hlo_module, metaneff, compiler_workdir=None, compiler_args=None, key=None):
+    """functions.compile_wlo: the priority graph compiled, choosing the weights' layout; a NEFF and the wrapped
+    NEFF HLO the others are rewritten against."""
+    if "[weights marked for WLO]" not in hlo_module.text:
+        raise DoubleRejects(f"compile_wlo({key}) of an HLO whose weights were not marked (mark_weights_for_wlo)")
+    art = compile(hlo_module, metaneff, compiler_workdir, compiler_args, key)
+    wrapped = Path(art.neff_filepath).with_name("wrapped_neff.hlo")
+    wrapped.write_text(f"test double: layout of {key}")
+    WLO.append(("compile_wlo", key))
+    return WLOArtifacts(art.neff_filepath, str(wrapped))
+
+
+def compile_layout_transformer(wlo_artifacts, priority_model_weight_name_to_idx, compiler_workdir=None,
+                               logical_nc_config=1):
+    WLO.append(("layout", len(priority_model_weight_name_to_idx)))
+    return CompilationArtifacts(wlo_artifacts.neff_filepath)
+
+
+def apply_layout_transformation(trace_artifacts, priority_model_trace_artifacts, wlo_artifacts, key=None):
+    if not any(k == "compile_wlo" for k, _ in WLO):
+        raise DoubleRejects("apply_layout_transformation before the priority graph was compiled with compile_wlo")
+    WLO.append(("apply", key))
+    trace_artifacts.hlo.text += f" [layout of {priority_model_trace_artifacts.tag}]"
 
 
 def route_key(names, shapes) -> str:

@@ -8,7 +8,10 @@ with a random drafter (drafts mostly rejected) and with a drafter that copies a 
 accepted), batched with a row that decodes beside; the hidden state a row keeps after any number of accepted
 drafts is transformers'; the same at TP=2; transformers' `generate(assistant_model=...)` with the same drafter
 gives the same tokens (and where its rounds read other K/V, the test says which); the loader refuses what does
-not fit, naming draft_model.
+not fit, naming draft_model. The 12B's own drafter kind, `gemma4_unified_assistant` (transformers'
+`Gemma4UnifiedAssistantForCausalLM` over a `gemma4_unified_text` stack), drafts for the 12B-like target as
+transformers' does, its greedy tokens through `python -m neuron_workers.generate` are those without a drafter, and
+it is refused for an E-model target.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from neuron_workers.testing.tiny_assistant import (
     reference_assistant,
     write_copying_assistant,
     write_tiny_assistant,
+    write_tiny_unified_assistant,
 )
 
 from conftest import NAMES, hf_greedy, hf_reference
@@ -38,12 +42,19 @@ from conftest import NAMES, hf_greedy, hf_reference
 CTX = 96
 A = [2] + [(5 * i) % 60 + 7 for i in range(21)]
 C = [2, 40, 41, 42, 43]
+UNIFIED = "gemma4-12b-tiny/unified"  # the 12B-like target with a gemma4_unified_assistant drafter
+
+
+def target_of(name: str) -> str:
+    return name.split("/")[0]
 
 
 @pytest.fixture(scope="module")
 def drafters(tiny_dirs, tmp_path_factory):
     out = tmp_path_factory.mktemp("assistants")
-    return {name: write_tiny_assistant(tiny_dirs[name], out / name, seed=1) for name in NAMES}
+    made = {name: write_tiny_assistant(tiny_dirs[name], out / name, seed=1) for name in NAMES}
+    made[UNIFIED] = write_tiny_unified_assistant(tiny_dirs[target_of(UNIFIED)], out / "unified", seed=1)
+    return made
 
 
 def engine(path, draft, k, **kw):
@@ -58,9 +69,13 @@ def run(eng, jobs):
     return [s.output_ids for s in seqs]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + (UNIFIED,))
 def test_draft_graph_equals_transformers_assistant(name, tiny_dirs, drafters):
-    target, ours, ref = load_model(tiny_dirs[name]), load_assistant(drafters[name]), reference_assistant(drafters[name])
+    target = load_model(tiny_dirs[target_of(name)])
+    ours, ref = load_assistant(drafters[name]), reference_assistant(drafters[name])
+    assert type(ref).__name__ == ("Gemma4UnifiedAssistantForCausalLM" if name == UNIFIED else
+                                  "Gemma4AssistantForCausalLM")
+    assert type(ours.model) is type(ref.model)  # Gemma4UnifiedTextModel for the unified kind
     dims, window = target.dims, ours.model.config.sliding_window
     assert ours.masked_embedding is not None  # the centroid-masked head of the real E2B / E4B assistants
     sto, b, ring = store_layers(dims), 3, dims.ring_size(CTX)
@@ -120,13 +135,14 @@ def reference_drafts(target, assistant, tokens: list[int], k: int, rejected: int
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + (UNIFIED,))
 def test_engine_drafts_and_greedy_tokens_equal_transformers(name, tiny_dirs, drafters):
     """Every third round takes oracle drafts right for 0..k tokens in turn (so verifies keep any number of
     drafts), the others the engine's MTP drafts (checked against transformers' assistant); every row ready to
     draft holds transformers' last hidden state for the position before its next token."""
-    eng = engine(tiny_dirs[name], drafters[name], 3)
-    target, assistant = storing(hf_reference(tiny_dirs[name]), eng.dims), reference_assistant(drafters[name])
+    eng = engine(tiny_dirs[target_of(name)], drafters[name], 3)
+    target = storing(hf_reference(tiny_dirs[target_of(name)]), eng.dims)
+    assistant = reference_assistant(drafters[name])
     want = {tuple(A): hf_greedy(target, A, 30), tuple(C): hf_greedy(target, C, 20)}
     rounds, held, calls, propose = [], [], [], eng.drafter.propose_all
 
@@ -327,12 +343,59 @@ def test_every_draft_accepted_from_a_copying_drafter(tiny_dirs, tmp_path):
         assert eng.drafter.steps <= k * (40 // (k + 1) + 2), k  # k draft steps a round, k + 1 tokens a round
 
 
+def test_unified_drafter_through_generate_gives_the_tokens_of_no_drafter(tiny_dirs, drafters, capsys):
+    """`python -m neuron_workers.generate` on the 12B-like target: the same greedy tokens with its
+    gemma4_unified_assistant drafter (which drafts: its rounds run) as without one, past the window."""
+    from neuron_workers import generate
+    from neuron_workers.engine.mtp import MtpDrafter
+
+    steps, original = [], MtpDrafter.propose_all
+
+    def counted(self, seqs, rooms):
+        got = original(self, seqs, rooms)
+        steps.append(sum(len(d) for d in got.values()))
+        return got
+
+    def tokens(*extra):
+        argv = ["--model", str(tiny_dirs[target_of(UNIFIED)]), "--prompt-ids", ",".join(map(str, A)),
+                "--max-tokens", "24", "--ignore-eos", "--json", "--max-context", str(CTX), *extra]
+        assert generate.main(argv) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"]
+
+    MtpDrafter.propose_all = counted
+    try:
+        plain = tokens()
+        drafted = tokens("--draft-model", str(drafters[UNIFIED]), "--num-speculative-tokens", "3")
+    finally:
+        MtpDrafter.propose_all = original
+    assert len(plain) == 24 and drafted == plain
+    assert sum(steps) > 0  # the drafter ran
+    assert plain == hf_greedy(hf_reference(tiny_dirs[target_of(UNIFIED)]), A, 24)
+
+
+def test_a_unified_drafter_is_refused_for_an_e_model_target(tiny_dirs, drafters):
+    from neuron_workers.model.assistant import UNIFIED_ASSISTANT_TYPE
+
+    info = read_assistant_info(drafters[UNIFIED])
+    assert info.model_type == UNIFIED_ASSISTANT_TYPE and info.text_config.model_type == "gemma4_unified_text"
+    e4b = load_model(tiny_dirs["gemma4-e4b-tiny"], with_weights=False)
+    with pytest.raises(UserError, match="gemma4_unified targets, not a gemma4 one") as e:
+        check_pairing(info, e4b.dims, e4b.info.model_type)
+    assert e.value.param == "draft_model"
+    with pytest.raises(UserError, match="gemma4_unified targets") as e:
+        engine(tiny_dirs["gemma4-e4b-tiny"], drafters[UNIFIED], 2)
+    assert e.value.param == "draft_model"
+    twelve = load_model(tiny_dirs[target_of(UNIFIED)], with_weights=False)
+    check_pairing(info, twelve.dims, twelve.info.model_type)  # its own target: fits
+    check_pairing(read_assistant_info(drafters[target_of(UNIFIED)]), twelve.dims, twelve.info.model_type)
+
+
 def test_a_drafter_that_does_not_fit_is_refused(tiny_dirs, drafters, tmp_path):
     e2b, e4b = load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False), drafters["gemma4-e4b-tiny"]
     with pytest.raises(UserError, match="KV heads") as e:
         check_pairing(read_assistant_info(e4b), e2b.dims)  # E4B's 2 KV heads against E2B's 1
     assert e.value.param == "draft_model"
-    with pytest.raises(UserError, match="gemma4_assistant"):
+    with pytest.raises(UserError, match="gemma4_assistant' or 'gemma4_unified_assistant"):
         read_assistant_info(tiny_dirs["gemma4-e4b-tiny"])  # a target is not a drafter
     broken = shutil.copytree(e4b, tmp_path / "broken")
     from safetensors.torch import load_file, save_file

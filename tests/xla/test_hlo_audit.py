@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from compile.__main__ import main as compile_main
-from compile.hlo import audit, graph_hlos, kv_shapes
+from compile.hlo import audit, dense_on_neuron, graph_hlos, kv_shapes
 from neuron_workers.config import EngineConfig
 from neuron_workers.factory import build_engine
 from neuron_workers.model.tiled_topk import TILE_LIMIT, tile_width, tiled_topk
@@ -62,6 +62,11 @@ def test_every_graph_passes_the_audit(graphs):
         assert "f64" not in a["wide"] and a["wide"].get("s64", 0) <= s64_allowed, (tag, a["wide"])
         assert a["constant_elements"] <= MAX_CONSTANT_ELEMENTS, (tag, a["largest_constants"])
         assert a["kv_parameters"] == len(shapes) and a["kv_selects"] == 0, tag
+        # reads: the chunk graphs copy out their one row's slot of each buffer; decode and the verify graph over
+        # every slot (`model.in_place`) none: they attend over the buffers where they lie
+        one_row = tag.startswith("mixed") or tag.startswith("extend_1x")
+        assert a["kv_slot_gathers"] == ([1] * len(shapes) if one_row else []), (tag, a["kv_slot_gathers"])
+        assert dense_on_neuron(a["element_gathers"], 0) == 0  # the build's XLA_DENSE_GATHER_FACTOR=0
         # the tiled top-K: a sort per tile, then one over the tiles' candidates; no other graph sorts
         assert a["sort_widths"] == ([tile, vocab // tile * k] if tag in topk_rows else []), (tag, a["sort_widths"])
         b, h, _, d = zip(*shapes)
@@ -130,6 +135,31 @@ def test_the_tiled_top_k_at_the_real_width_sorts_no_row_wider_than_the_tile(batc
     assert tiled["sort_widths"] == [TILE_LIMIT, TILE_LIMIT] and tiled["widest_sort"] <= TILE_LIMIT
     whole = audit(torch_xla._XLAC._get_xla_tensors_hlo(list(torch.topk(x, 256, dim=-1))), [])
     assert whole["widest_sort"] == 262144
+    # the merge's id gather is over 32 x 256 = 8,192 candidates: dense on a Neuron device under torch-xla's default
+    # factor (8,192: dims up to 81,920), sparse under the build's 0 (`neuron.force_sparse_gathers`)
+    assert tiled["element_gathers"] == [TILE_LIMIT]
+    assert dense_on_neuron(tiled["element_gathers"], 8192) == 1 and dense_on_neuron(tiled["element_gathers"], 0) == 0
+
+
+def test_build_processes_lower_every_gather_sparsely(tiny_dirs, tmp_path, monkeypatch):
+    """`compile hlo` (and build, smoke) set XLA_DENSE_GATHER_FACTOR=0 before torch_xla lowers a gather, and its
+    audit counts no gather a Neuron device would lower densely; a process started with another factor is refused."""
+    from neuron_workers.backends.neuron import force_sparse_gathers
+    from neuron_workers.errors import UserError
+
+    monkeypatch.delenv("XLA_DENSE_GATHER_FACTOR", raising=False)
+    out = tmp_path / "hlo"
+    assert compile_main(["hlo", "--model", str(tiny_dirs["gemma4-12b-tiny"]), "--out", str(out), "--batch", "2",
+                         "--max-context", "64", "--prefill-buckets", "32"]) == 0
+    import os
+
+    assert os.environ["XLA_DENSE_GATHER_FACTOR"] == "0"
+    report = json.loads((out / "audit.json").read_text())
+    assert all(a["dense_on_neuron"] == 0 for a in report.values())
+    assert any(dense_on_neuron(a["element_gathers"], 8192) for a in report.values())  # what the factor prevents
+    monkeypatch.setenv("XLA_DENSE_GATHER_FACTOR", "8192")
+    with pytest.raises(UserError, match="XLA_DENSE_GATHER_FACTOR=8192"):
+        force_sparse_gathers()
 
 
 def test_with_a_drafter_the_draft_graph_writes_no_kv_and_the_h_graphs_write_as_before(tiny_dirs, tmp_path):

@@ -141,16 +141,18 @@ def test_fp32_speculative_verify_through_the_extend_graph_equals_the_cpu_backend
     xla.close()
 
 
-@pytest.mark.parametrize("name", ["gemma4-e2b-tiny", "gemma4-12b-tiny"])  # PLE (the draft's placeholder) and not
-def test_fp32_mtp_drafts_and_tokens_equal_the_cpu_backend(name, tiny_dirs, tmp_path):
+@pytest.mark.parametrize("name,unified", [("gemma4-e2b-tiny", False), ("gemma4-12b-tiny", False),
+                                          ("gemma4-12b-tiny", True)])  # PLE (the draft's placeholder) and not; the
+def test_fp32_mtp_drafts_and_tokens_equal_the_cpu_backend(name, unified, tiny_dirs, tmp_path):  # 12B's own kind
     """An MTP drafter (`draft_model`, a tiny random assistant, 3 drafts a step) on the twin, prompts chunked by 7:
     the module runs the `draft` graph over its KV state and the `_h` candidate graphs (`decode_h`, the verify
     `extend_3x4_all_h`, and `mixed_3x7_h` for the chunks beside drafting rows), and every round of drafts and every
     greedy token equals the CPU backend's (the drafts read the hidden states the twin's `_h` graphs returned); one
-    XLA program per graph, no fallback."""
+    XLA program per graph, no fallback. The verify graph reads the KV in place here (`model.in_place`), the CPU
+    backend's gathers each slot's buffers: the same tokens. Also with the 12B's `gemma4_unified_assistant`."""
     from neuron_workers.testing.tiny_assistant import write_tiny_assistant
 
-    drafter = write_tiny_assistant(tiny_dirs[name], tmp_path / "drafter", seed=1)
+    drafter = write_tiny_assistant(tiny_dirs[name], tmp_path / "drafter", seed=1, unified=unified)
     runs = {}
     for backend in ("cpu", "xla"):
         eng = build_engine(EngineConfig(model=str(tiny_dirs[name]), backend=backend, max_context=CTX,
