@@ -63,6 +63,7 @@ class Plan:
     decode_out_candidates: int = 0  # bytes device -> host per decode step, `decode` (top-K candidates)
     decode_out_logits: int = 0  # the same for `decode_logits` (full logits)
     drafter: dict | None = None  # an MTP drafter's `drafter_plan`: name, weights, draft_read
+    window_per_core: int = 0  # bytes of one kept sliding window (prefix_windows) on a core
 
     @property
     def total_per_core(self) -> int:
@@ -197,7 +198,8 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
         reasons.append(f"the PLE table ({ple / GIB:.1f} GiB) exceeds 80% of {instance}'s {ram_gib} GiB RAM")
     out_top, out_logits = decode_output_bytes(dims, batch)
     return Plan(cfg.model_type, tp, batch, ctx, instance, w, kv, act, HBM_PER_CORE, ple, ram_gib * GIB,
-                not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits, draft)
+                not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits, draft,
+                dims.window_bytes(BF16, tp))
 
 
 def load_drafter_info(path: str | Path):
@@ -269,7 +271,11 @@ def format_plan(p: Plan) -> str:
              f"  host: PLE table {g(p.ple_host)} (memory-mapped, shared by replicas) of {g(p.host_ram)} RAM",
              f"  device -> host per decode step: {p.decode_out_candidates / 1024:.1f} KiB (top-K candidates; "
              f"{p.decode_out_logits / 2**20:.1f} MiB when a row needs the full logits)",
-             f"  largest max_context that fits: {p.largest_context if p.largest_context else 'none'}"]
+             f"  largest max_context that fits: {p.largest_context if p.largest_context else 'none'}",
+             f"  kept sliding windows (prefix_windows; the cpu backend keeps them, a neuron build not yet): "
+             f"{p.window_per_core / 2**20:.1f} MiB each per core; "
+             f"{max(0, p.hbm_per_core - p.total_per_core) // max(p.window_per_core, 1)} would fit beside the above "
+             f"(2 a slot: {2 * p.batch * p.window_per_core / GIB:.2f} GiB)"]
     if d:
         lines.insert(2, f"  MTP drafter {d['name']} (it adds no KV): one draft step reads "
                         f"{d['draft_read'] / 2**20:.1f} MiB of HBM ({p.batch} rows x {d['head_rows']} head rows, "

@@ -88,6 +88,12 @@ class ModelDims:
     def ring_slack(self) -> int:
         return min(RING_SLACK, self.sliding_window)
 
+    def window_bytes(self, dtype_bytes: int, tp: int = 1) -> int:
+        """Bytes of one kept sliding window (`model/kept_windows.py`: K and V of every sliding KV layer over W
+        positions) on one core; a TP rank holds its share of the KV heads."""
+        return sum(2 * -(-self.kv_heads[i] // tp) * self.sliding_window * self.head_dims[i] * dtype_bytes
+                   for i in self.kv_layers if self.layer_types[i] != FULL)
+
     def kv_shape(self, layer: int, batch: int, max_context: int, kv_heads: int | None = None) -> tuple[int, ...]:
         """[B, kv_heads, slots, head_dim]: full layers hold max_context slots, sliding layers a ring."""
         slots = max_context if self.layer_types[layer] == FULL else self.ring_size(max_context)

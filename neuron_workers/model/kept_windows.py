@@ -57,10 +57,3 @@ def clone(kv: list[torch.Tensor], which: list[int], src: int, dst: int, n: int) 
             buf[dst] = buf[src]
         else:
             buf[dst, :, :n] = buf[src, :, :n]
-
-
-def pool_bytes(dims: ModelDims, entries: int, dtype_bytes: int, tp: int = 1) -> int:
-    """Bytes of a pool of `entries` windows on one core (a TP rank holds its share of the KV heads)."""
-    per = sum(2 * -(-dims.kv_heads[layer] // tp) * dims.sliding_window * dims.head_dims[layer]
-              for layer in dims.kv_layers if dims.layer_types[layer] == SLIDING)
-    return per * dtype_bytes * entries

@@ -171,3 +171,23 @@ def test_the_12b_unified_drafter_is_planned_and_refused_for_an_e_model(tmp_path,
     assert compile_main(["plan", "--model", str(e4b), "--batch", "4", "--instance", "inf2.xlarge",
                          "--draft-model", str(draft)]) == 2
     assert "gemma4_unified targets, not a gemma4_text one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size,tp,mib", [("E2B", 1, 6), ("E2B", 2, 6), ("E4B", 1, 20), ("E4B", 2, 10),
+                                         ("12B", 1, 320), ("12B", 2, 160)])
+def test_plan_counts_a_kept_sliding_window(size, tp, mib, capsys):
+    """One kept window (prefix_windows) is the sliding layers' K and V over the window, a rank's share of the
+    heads: the real sizes' bytes, in the report and its JSON, as a pool of one built on the meta device holds."""
+    from neuron_workers.model.dims import ModelDims
+    from neuron_workers.model.kept_windows import make_pool, sliding_buffers
+    from neuron_workers.model.spec import kv_specs
+
+    dims = ModelDims.from_hf(real_config(size))
+    heads = plan_for(real_config(size), tp).kv_heads if tp > 1 else None
+    kv = [torch.empty(t.shape, dtype=torch.bfloat16, device="meta") for t in kv_specs(dims, 1, 4096, torch.bfloat16,
+                                                                                        heads)]
+    pool = make_pool(kv, sliding_buffers(dims), 1, dims.sliding_window)
+    assert sum(t.numel() * 2 for t in pool) == dims.window_bytes(2, tp) == mib * 2**20
+    assert compile_main(["plan", "--model", str(CONFIGS / f"gemma-4-{size}.text_config.json"), "--tp", str(tp),
+                         "--batch", "4", "--max-context", "4096", "--json"]) == (2 if (size, tp) == ("12B", 1) else 0)
+    assert json.loads(capsys.readouterr().out)["window_per_core"] == mib * 2**20  # (the 12B at tp=1 fits no core)
