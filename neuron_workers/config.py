@@ -47,7 +47,8 @@ class EngineConfig:
     # build the copies yet; 0: off
     speculative_method: str | None = None  # "ngram": prompt-lookup drafts verified by the extend graph
     num_speculative_tokens: int | None = None  # drafts per row and step (default 4 with a method; <= ring slack)
-    draft_model: str | None = None  # a gemma4_assistant checkpoint: MTP drafts (engine/mtp.py); cpu (tp 1-2), xla,
+    draft_model: str | None = None  # a gemma4_assistant (12B: gemma4_unified_assistant) checkpoint: MTP drafts
+    # (engine/mtp.py); cpu (tp 1-2), xla,
     # or neuron artifacts built with it (`compile build --draft-model`)
 
     def __post_init__(self):

@@ -76,7 +76,8 @@ def parse_args(argv):
                          "reuses the KV its slot kept)")
     ap.add_argument("--speculative-method", choices=["ngram"],
                     help="speculative decoding: ngram = prompt-lookup drafts, verified by the target model")
-    ap.add_argument("--draft-model", help="speculative decoding with an MTP drafter: a gemma4_assistant checkpoint "
+    ap.add_argument("--draft-model", help="speculative decoding with an MTP drafter: a gemma4_assistant checkpoint (a "
+                                          "gemma4_unified_assistant one for 12B targets) "
                                           "directory (google/gemma-4-*-it-assistant; cpu or xla backend, or "
                                           "neuron artifacts built with `compile build --draft-model`)")
     ap.add_argument("--num-speculative-tokens", type=int, help="drafts per step (default 4 with a drafter)")

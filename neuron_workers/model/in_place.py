@@ -6,8 +6,9 @@ B = 32, context 4096). Instead the graph puts the *host inputs* in slot order (`
 masks, last_idx and per-layer inputs: small), runs the layers with `ExtendKV(in_place=True)` (row r is slot r: each
 layer attends over its buffers as they are after the write, as `decode` does), and puts its outputs (candidates,
 hidden states: small) back in the host's row order. Sliding layers read the ring after the write, so their mask is
-the host's ring mask where the chunk did not write and the chunk's causal mask where it did (`ring_mask`); valid for
-T <= ring slack + 1 (`in_place_ok`), the bound every verify keeps (`speculate.check_speculative_tokens`).
+the host's ring mask where the chunk did not write and the chunk's causal mask where it did (`ring_mask`); used for
+T <= the ring's slack (`in_place_ok`: every verify but the one of k = slack drafts, which gathers; at T = slack + 1
+the in-place graph differed from the gathering one in float64, so that shape is left to the gather).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ ROW_INPUTS = ("input_ids", "position_ids", "per_layer_inputs", "mask_full", "mas
 
 def in_place_ok(dims, batch: int, rows: int, t: int, ring: int) -> bool:
     """Whether an extend graph of `rows` x `t` runs in place: every slot, and T within the ring's slack."""
-    return rows == batch and t <= ring - dims.sliding_window + 1
+    return rows == batch and t <= ring - dims.sliding_window
 
 
 def slot_order(slots: torch.Tensor) -> torch.Tensor:

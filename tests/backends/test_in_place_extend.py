@@ -33,11 +33,11 @@ class _Heads(torch.nn.Module):
         return (*head, *(getattr(self.m, n) for n in self.m.kv_names))
 
 
-def verify_module(name, tiny_dirs, hidden=True, dtype=torch.float32):
+def verify_module(name, tiny_dirs, hidden=True, dtype=torch.float32, t=T):
     m = load_model(tiny_dirs[name], dtype)
     module = graph_model(m.hf_lm, m.dims, CTX, B, dtype)
     module.candidates, module.per_position, module.hidden = decode_candidates(m.dims), True, hidden
-    spec = make_spec(m.dims, EXTEND, B, T, CTX, dtype, ID_DTYPE, None, module.candidates, B, True, hidden)
+    spec = make_spec(m.dims, EXTEND, B, t, CTX, dtype, ID_DTYPE, None, module.candidates, B, True, hidden)
     return m, module, spec
 
 
@@ -60,16 +60,17 @@ def test_the_verify_graph_reads_the_kv_buffers_in_place(name, tiny_dirs):
     assert len(slot_gathers(module, args)) >= 2 * len(m.dims.kv_layers)  # the control: every buffer gathered
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_in_place_equals_the_gathering_graph(name, tiny_dirs, monkeypatch):
+@pytest.mark.parametrize("name,t", [(n, T) for n in NAMES] + [("gemma4-e4b-tiny", 8)])  # 8: the tiny rings' slack
+def test_in_place_equals_the_gathering_graph(name, t, tiny_dirs, monkeypatch):
     softmax = torch.softmax  # the attention kernel's fp32 softmax, in float64 here: the two graphs' rows differ
     monkeypatch.setattr(torch, "softmax", lambda x, dim, dtype=None: softmax(x, dim))  # in length, not in math
-    m, module, spec = verify_module(name, tiny_dirs, dtype=torch.float64)
+    m, module, spec = verify_module(name, tiny_dirs, dtype=torch.float64, t=t)
     gen = torch.Generator().manual_seed(0)
     kv0 = {n: torch.randn(getattr(module, n).shape, generator=gen, dtype=torch.float64) for n in module.kv_names}
     ring = m.dims.ring_size(CTX)
-    cases = [[(2, [5, 6, 7, 8], 9), (0, [9, 10], 12)],  # rows out of slot order, a short row, an idle slot
-             [(1, [3, 4, 5, 6], ring + 5), (2, [7, 8, 9, 10], 2 * ring - 6), (0, [11], 1)]]  # wrapped rings
+    ids = lambda first: list(range(first, first + t))  # noqa: E731
+    cases = [[(2, ids(5), 9), (0, [9, 10], 12)],  # rows out of slot order, a short row, an idle slot
+             [(1, ids(3), ring + 5), (2, ids(7), 2 * ring - 2 - t), (0, [11], 1)]]  # wrapped rings
     for rows in cases:
         args = extend_inputs(spec, rows, m.ple, m.dims.sliding_window)
         got = {}
@@ -90,3 +91,14 @@ def test_in_place_equals_the_gathering_graph(name, tiny_dirs, monkeypatch):
         for x, y, n in zip(kv_a, kv_b, module.kv_names):  # the same writes
             torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
             assert torch.equal(x[idle], kv0[n][idle])  # an idle slot's buffers untouched
+
+
+def test_in_place_up_to_the_rings_slack_only(tiny_dirs):
+    """T <= the ring's slack runs in place; T = slack + 1 (the verify of k = slack drafts) gathers: in place it
+    differed from the gathering graph in float64 (the chunk's last key overwrites the window's oldest ring entry)."""
+    from neuron_workers.model.in_place import in_place_ok
+
+    m = load_model(tiny_dirs["gemma4-e4b-tiny"], torch.float32, with_weights=False)
+    ring, slack = m.dims.ring_size(CTX), m.dims.ring_slack
+    assert in_place_ok(m.dims, B, B, slack, ring) and not in_place_ok(m.dims, B, B, slack + 1, ring)
+    assert not in_place_ok(m.dims, B, B - 1, 2, ring)  # not every slot: the gathering graph
