@@ -11,7 +11,6 @@ import uuid
 
 from serve_app.openai.adapt import chat_request, need, of_type, text_of
 from serve_app.openai.blocks import Blocks
-from serve_app.openai.chat_output import ChatOutput
 from serve_app.openai.responses import sse
 
 NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "chat_template_kwargs": "thinking",
@@ -170,9 +169,7 @@ class MessagesWriter:
 
     def _open(self, first) -> Blocks:
         if self.blocks is None:
-            c = self.chat
-            self.blocks = Blocks(ChatOutput(c.parsed_tools, c.thinking, c.parallel_tool_calls,
-                                            in_thought=getattr(first, "in_thought", False)))
+            self.blocks = Blocks.for_chat(self.chat, first)
         return self.blocks
 
     def message(self, content: list, reason: str | None, prompt: int, completion: int,

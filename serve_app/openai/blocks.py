@@ -13,6 +13,13 @@ from serve_app.openai.chat_output import ChatOutput
 
 
 class Blocks:
+    @classmethod
+    def for_chat(cls, chat, first) -> "Blocks":
+        """The blocks of a chat request (`protocol.ChatRequest`), from its first event (a prompt that ends
+        inside a thought channel starts the parser there)."""
+        return cls(ChatOutput(chat.parsed_tools, chat.thinking, chat.parallel_tool_calls,
+                              in_thought=getattr(first, "in_thought", False)))
+
     def __init__(self, parser: ChatOutput):
         self.parser = parser
         self.blocks: list[dict] = []

@@ -11,7 +11,6 @@ import uuid
 
 from serve_app.openai.adapt import chat_request, need, of_type, text_of
 from serve_app.openai.blocks import Blocks
-from serve_app.openai.chat_output import ChatOutput
 from serve_app.openai.responses import sse
 
 # chat field -> Responses field, for errors
@@ -158,9 +157,7 @@ class ResponsesWriter:
 
     def _open(self, first) -> Blocks:
         if self.blocks is None:
-            c = self.chat
-            self.blocks = Blocks(ChatOutput(c.parsed_tools, c.thinking, c.parallel_tool_calls,
-                                            in_thought=getattr(first, "in_thought", False)))
+            self.blocks = Blocks.for_chat(self.chat, first)
         return self.blocks
 
     def response(self, status: str, output: list, ev=None, reason: str | None = None) -> dict:
