@@ -109,7 +109,8 @@ BAD = [
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "strng"}}}}, "response_format"),
     ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),  # scoring only: needs echo
+    ({"prompt": "hi", "echo": True, "prompt_logprobs": 21}, "prompt_logprobs"),
     ({"prompt": "hi", "best_of": 2}, "best_of"),
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "logit_bias": {"05": 10}}, "logit_bias"),
