@@ -15,6 +15,14 @@ Per core (16 GiB of HBM: an Inferentia2 chip has 32 GiB for its 2 cores):
   `decode_logits` (only for steps where a row needs the whole distribution) `batch x vocab` bf16 logits.
 Host: the PLE table (memory-mapped, shared by all replicas of a model) against the instance's RAM.
 
+Media encoders (`media_plan`, its own line): the released vision / audio towers and their embedders into the
+text width, bf16, from `MEDIA_ENCODERS` (the config values of transformers 5.23's `Gemma4VisionConfig` /
+`Gemma4AudioConfig` / `Gemma4Unified*Config`, which are the checkpoints'; counted, not guessed:
+tests/compile/test_plan.py builds the classes on the meta device). If they ran as Neuron graphs of their own,
+whole on each core of the replica, their weights would sit beside the text weights / KV; their graph's transients
+(an estimate, as the text graphs': one image at the 280-token default bucket and at the 1120 maximum, 30 s of audio)
+share the activations' scratch, since a core runs one graph at a time. docs/media.md has the decision.
+
 With an MTP drafter (`--draft-model DIR`, a `gemma4_assistant` or `gemma4_unified_assistant` checkpoint's
 config.json, checked against the target as at load; real assistants' sizes are not in our references, so nothing is
 printed about one unless given): its weights join the core's (bf16,
@@ -64,6 +72,7 @@ class Plan:
     decode_out_logits: int = 0  # the same for `decode_logits` (full logits)
     drafter: dict | None = None  # an MTP drafter's `drafter_plan`: name, weights, draft_read
     window_per_core: int = 0  # bytes of one kept sliding window (prefix_windows) on a core
+    media: dict | None = None  # `media_plan`: the media encoders' bytes and whether they fit beside the above
 
     @property
     def total_per_core(self) -> int:
@@ -197,9 +206,67 @@ def make_plan_report(cfg, tp: int, batch: int, ctx: int, instance: str, bucket: 
     if ple > ram_gib * GIB * 0.8:
         reasons.append(f"the PLE table ({ple / GIB:.1f} GiB) exceeds 80% of {instance}'s {ram_gib} GiB RAM")
     out_top, out_logits = decode_output_bytes(dims, batch)
-    return Plan(cfg.model_type, tp, batch, ctx, instance, w, kv, act, HBM_PER_CORE, ple, ram_gib * GIB,
-                not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits, draft,
-                dims.window_bytes(BF16, tp))
+    report = Plan(cfg.model_type, tp, batch, ctx, instance, w, kv, act, HBM_PER_CORE, ple, ram_gib * GIB,
+                  not reasons, reasons, _largest(fit, dims.max_position_embeddings), out_top, out_logits, draft,
+                  dims.window_bytes(BF16, tp))
+    report.media = media_plan(cfg.model_type, dims.hidden_size, report)
+    return report
+
+
+# The released media encoders, from the config values (transformers 5.23 defaults = the checkpoints' values):
+# E2B / E4B (`gemma4`): vision tower hidden 768, 16 layers, MLP 3072, 12 heads x 64, patch 16, pooling 3x3,
+# position table 10240; audio conformer hidden 1024, 12 layers, 8 heads, subsampling channels (128, 32), conv kernel
+# 5, chunk 12 / left context 13, output_proj_dims 1536. The embedders (RMSNorm without scale + Linear, no bias) map
+# `out` features to the text width. The 12B (`gemma4_unified`): no towers; the vision embedder (48x48x3 = 6912
+# patch -> LN / Dense 3840 / LN / 1120x2x3840 factorized position table / LN) then RMSNorm + Linear 3840 -> text
+# width; audio: 640-sample frames -> RMSNorm + Linear -> text width. `tower`: parameters not scaling with the text
+# width; `out`: the embedder's input width; transients: (tokens, heads, MLP width, width, keys a query sees) of the
+# largest graph, for the same estimate as the text graphs' (None: full attention over all tokens).
+MEDIA_ENCODERS = {
+    "gemma4_text": {
+        "vision": {"tower": 167_364_608, "out": 768, "tokens_per_soft": 9, "heads": 12, "mlp": 3072, "width": 768,
+                   "keys": None},
+        "audio": {"tower": 304_824_608, "out": 1536, "tokens_per_second": 25, "heads": 8, "mlp": 4096,
+                  "width": 1024, "keys": 24},
+    },
+    "gemma4_unified_text": {
+        "vision": {"tower": 35_176_704, "out": 3840, "tokens_per_soft": 1, "heads": 0, "mlp": 6912, "width": 3840,
+                   "keys": 0},
+        "audio": {"tower": 0, "out": 640, "tokens_per_second": 25, "heads": 0, "mlp": 640, "width": 640, "keys": 0},
+    },
+}
+IMAGE_BUDGETS = (70, 140, 280, 560, 1120)  # the image processors' allowed max_soft_tokens; 280 is their default
+DEFAULT_IMAGE_BUDGET, MAX_AUDIO_SECONDS = 280, 30
+
+
+def media_params(model_type: str, text_hidden: int) -> dict[str, int]:
+    """{vision, audio}: each encoder's parameters with its embedder into `text_hidden` ({} for an unknown kind)."""
+    enc = MEDIA_ENCODERS.get(model_type, {})
+    return {k: e["tower"] + e["out"] * text_hidden for k, e in enc.items()}
+
+
+def media_transients(e: dict, tokens: int) -> int:
+    """The same estimate as the text graphs' transients, for one item of `tokens` tokens through an encoder."""
+    keys = tokens if e["keys"] is None else e["keys"]
+    return e["heads"] * tokens * keys * 4 + 3 * tokens * e["mlp"] * BF16 + 4 * tokens * e["width"] * 4
+
+
+def media_plan(model_type: str, text_hidden: int, p: Plan) -> dict | None:
+    """The media encoders' weights (bf16) and graph transients, and whether they fit on a core beside the text
+    model's weights / KV (the transients within the activations' scratch where it is larger). None for an
+    unknown kind."""
+    enc = MEDIA_ENCODERS.get(model_type)
+    if enc is None:
+        return None
+    weights = sum(media_params(model_type, text_hidden).values()) * BF16
+    vis, aud = enc["vision"], enc["audio"]
+    trans = {f"image_{b}": media_transients(vis, b * vis["tokens_per_soft"]) for b in (DEFAULT_IMAGE_BUDGET, 1120)}
+    trans["audio_30s"] = media_transients(aud, MAX_AUDIO_SECONDS * aud["tokens_per_second"])
+    base = p.total_per_core - p.activations_per_core + weights
+    fits = {k: base + max(p.activations_per_core, RUNTIME_RESERVE + t) <= HBM_PER_CORE for k, t in trans.items()}
+    return {"weights": weights, "vision_weights": media_params(model_type, text_hidden)["vision"] * BF16,
+            "audio_weights": media_params(model_type, text_hidden)["audio"] * BF16, "transients": trans,
+            "fits": fits, "free_after": HBM_PER_CORE - base - p.activations_per_core}
 
 
 def load_drafter_info(path: str | Path):
@@ -276,12 +343,26 @@ def format_plan(p: Plan) -> str:
              f"{p.window_per_core / 2**20:.1f} MiB each per core; "
              f"{max(0, p.hbm_per_core - p.total_per_core) // max(p.window_per_core, 1)} would fit beside the above "
              f"(2 a slot: {2 * p.batch * p.window_per_core / GIB:.2f} GiB)"]
+    if p.media:
+        lines.append(format_media(p.media))
     if d:
         lines.insert(2, f"  MTP drafter {d['name']} (it adds no KV): one draft step reads "
                         f"{d['draft_read'] / 2**20:.1f} MiB of HBM ({p.batch} rows x {d['head_rows']} head rows, "
                         f"its layers, the store layers' KV)")
     lines.append("  fits" if p.fits else "  DOES NOT FIT: " + "; ".join(p.reasons))
     return "\n".join(lines)
+
+
+def format_media(m: dict) -> str:
+    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+    t, f = m["transients"], m["fits"]
+    yes = lambda k: "fits" if f[k] else "does not fit"  # noqa: E731
+    return (f"  media encoders if run as Neuron graphs (bf16, whole on each core; docs/media.md says where they run): "
+            f"vision {mib(m['vision_weights'])} + audio {mib(m['audio_weights'])} = {mib(m['weights'])}, "
+            f"{m['free_after'] / GIB:.2f} GiB of the core left after them\n"
+            f"    their graphs' transients (est., sharing the activations' scratch): image@280 {mib(t['image_280'])} "
+            f"{yes('image_280')}, image@1120 {mib(t['image_1120'])} {yes('image_1120')}, audio 30 s "
+            f"{mib(t['audio_30s'])} {yes('audio_30s')}")
 
 
 def plan_json(p: Plan) -> str:

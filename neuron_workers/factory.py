@@ -38,6 +38,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
     check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx,
                              mtp=bool(cfg.draft_model))
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
+    media = None if cfg.backend == "xla" else with_media(model)  # xla / neuron: the graph_model module takes none
     if cfg.backend == "xla":
         from neuron_workers.backends.xla import XlaBackend
 
@@ -58,9 +59,25 @@ def build_engine(cfg: EngineConfig) -> Engine:
     backend.extend_buckets = (extend_t,) if extend_t else ()
     engine = Engine(model, backend, prefill_chunk=chunk, prefix_cache=cfg.prefix_cache, extend_t=extend_t,
                     speculative_tokens=speculative_tokens(cfg), prefix_windows=prefix_windows(cfg))
+    engine.media = media
     if cfg.draft_model:
         attach_mtp(engine, cfg.draft_model, DTYPES[cfg.dtype])
     return engine
+
+
+def with_media(model):
+    """The checkpoint's `MediaSupport` (None: it takes no media); when there is one, `model.dims` names the media
+    soft tokens, so the prefill and extend graphs take `mm_embeds` (the cpu backends; xla and neuron run text)."""
+    import dataclasses
+
+    from neuron_workers.media.support import load_media
+
+    media = load_media(model.info, model.tokenizer, model.dtype)
+    if media is not None:
+        cfg = media.encoders.config
+        model.dims = dataclasses.replace(model.dims, media_ids=(cfg.image_token_id, cfg.audio_token_id,
+                                                                cfg.video_token_id))
+    return media
 
 
 def _from_artifacts(cfg: EngineConfig) -> Engine:

@@ -9,6 +9,7 @@ and sharded by every rank itself; its draft steps run on the ranks' own KV.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import tempfile
@@ -23,7 +24,8 @@ from neuron_workers.model.spec import GraphSpec
 REPLY_TIMEOUT_S = float(os.environ.get("GEMMA4_TP_TIMEOUT_S", "600"))
 
 
-def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode, max_batch, cmds, replies):
+def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode, max_batch, cmds, replies,
+               media_ids=()):
     try:
         import torch.distributed as dist
 
@@ -36,6 +38,7 @@ def _rank_main(rank, tp, init_file, model_dir, max_context, buckets, dtype, mode
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=tp)
         model = load_model(model_dir, dtype)
+        model.dims = dataclasses.replace(model.dims, media_ids=tuple(media_ids))  # the graphs take mm_embeds
         plan = plan_for(model.info.text_config, tp)
         apply_tp(model.hf_lm, plan, rank, TorchDistCollectives(tp))
         backend = CpuBackend(model.hf_lm, model.dims, max_context, buckets, dtype, mode, kv_heads=plan.kv_heads,
@@ -90,7 +93,7 @@ class TpCpuBackend(GraphBackend):
         self.cmds = [ctx.Queue() for _ in range(tp)]
         self.procs = [ctx.Process(target=_rank_main, daemon=True, args=(
             r, tp, self._init_file, str(model_dir), max_context, self.buckets, dtype, mode, max_batch, self.cmds[r],
-            self.replies)) for r in range(tp)]
+            self.replies, dims.media_ids)) for r in range(tp)]
         for p in self.procs:
             p.start()
         self._collect("ready", tp)

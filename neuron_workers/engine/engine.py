@@ -38,7 +38,7 @@ from neuron_workers.engine.speculate import Speculation, check_speculative_token
 from neuron_workers.engine.stops import StopStrings
 from neuron_workers.engine.texts import Texts
 from neuron_workers.errors import ContextLengthError, UserError
-from neuron_workers.model.host_inputs import DecodeBatch
+from neuron_workers.model.host_inputs import PAD_ID, DecodeBatch
 from neuron_workers.model.spec import DECODE
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class Engine(Texts, Prefills, Speculation):
         self.dims, self.tokenizer = model.dims, model.tokenizer
         self.max_context, self.max_batch = backend.max_context, backend.max_batch
         self.batch = DecodeBatch(backend.spec(DECODE), model.ple, self.dims.sliding_window)
+        self.soft_ids = frozenset(getattr(model, "soft_ids", ()))  # fed as the pad token outside media (transformers)
+        self.batch.pad_ids = torch.tensor(sorted(self.soft_ids), dtype=torch.int64)
         self.prefill_chunk = prefill_chunk  # 0: whole prompts; else longer ones go through the extend graph
         self.extend_t = prefill_chunk or extend_t  # T of the extend graph (chunks, and the rest of a reused prefix)
         self.prefix = PrefixCache(self.batch.window, self.batch.ring, self._window_pool(prefix_windows)) \
@@ -65,6 +67,7 @@ class Engine(Texts, Prefills, Speculation):
         self.last_decode_rows = 0  # rows in the latest decode step (batch occupancy)
         self._grammars, self._grammars_lock = None, threading.Lock()
         self._turn_end = _token_id(self.tokenizer, "<turn|>")  # kept-window points: the first turn's end
+        self.media = None  # media.support.MediaSupport when the graphs take media (`factory.with_media`)
 
     def _window_pool(self, entries: int) -> WindowPool | None:
         """The kept sliding windows (`engine/prefix_windows.py`): `entries` of them on the backend, unless the
@@ -113,14 +116,16 @@ class Engine(Texts, Prefills, Speculation):
 
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] | None = None, *,
                      grammar: RowGrammar | None = None, logprobs: int | None = None,
-                     skip_special_tokens: bool = True, prompt_logprobs: int | None = None) -> Sequence:
+                     skip_special_tokens: bool = True, prompt_logprobs: int | None = None,
+                     media: tuple | list = ()) -> Sequence:
         """A validated sequence, ready for `add` (a UserError here costs the engine nothing). `grammar`
         (from `grammars.compile`) constrains every token; `logprobs` (n >= 0) asks for the chosen token's
         logprob and the top n; `prompt_logprobs` (n >= 0) the same for every prompt token (on its first event;
         its prompt is prefilled whole, `prefill.Prefills._score`); `skip_special_tokens=False` keeps control
         tokens in the text (for parsers). Penalties and a logit bias in `params` get the sequence's own
-        `Penalties`."""
+        `Penalties`. `media`: the prompt's `MediaInput`s (from `media.prepare`), in prompt order."""
         self.validate(prompt_ids, params.max_tokens)
+        keys = self._media_keys(prompt_ids, media, prompt_logprobs)
         if prompt_logprobs is not None and not (self.extend_t and getattr(self.backend, "prompt_scores", False)):
             raise UserError("prompt logprobs need the per-position extend graph, which this backend does not have "
                             "(the cpu backend has it)", param="prompt_logprobs")
@@ -137,7 +142,27 @@ class Engine(Texts, Prefills, Speculation):
                         grammar=grammar, logprobs=logprobs,
                         penalties=Penalties(params, prompt_ids, vocab) if params.penalized else None,
                         keep_points=keep_points(prompt_ids, self._turn_end, self.extend_t, MIN_REUSE)
-                        if windows else (), prompt_logprobs=prompt_logprobs)
+                        if windows else (), prompt_logprobs=prompt_logprobs, media=tuple(media),
+                        prompt_keys=keys, fed_ids=self._fed(prompt_ids, keys))
+
+    def _fed(self, prompt_ids: list[int], keys: list[int] | None) -> list[int] | None:
+        """The prompt as the graphs take it when it differs: a soft-token id outside an image / audio item (its key
+        is the id itself) becomes the pad token, which is what transformers embeds for it."""
+        if not self.soft_ids or not any(t in self.soft_ids for t in prompt_ids):
+            return None
+        keys = keys if keys is not None else prompt_ids
+        return [PAD_ID if t in self.soft_ids and k >= 0 else t for t, k in zip(prompt_ids, keys)]
+
+    def _media_keys(self, prompt_ids: list[int], media, prompt_logprobs) -> list[int] | None:
+        """Check the media items against the prompt (a UserError names what is wrong); the prompt's prefix-reuse
+        keys with each soft token keyed by its item (`Sequence.keys`), or None without media."""
+        if self.media is None:
+            if media:
+                raise UserError("this model takes no images or audio", param="messages")
+            return None
+        from neuron_workers.media.support import check_media
+
+        return check_media(prompt_ids, tuple(media), self.dims, prompt_logprobs, self.extend_t)
 
     # --- scheduling ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -3,7 +3,9 @@ tokens of a prompt through the extend graph (a chunk of chunked prefill, or the 
 its slot already held), and what a slot keeps when its sequence ends (prefix reuse). While other rows decode,
 such a piece runs in the mixed graph with their decode tokens (`_mixed`: one graph, so a chunk step costs
 about one decode step; beside an MTP drafter its `_h` variant, which returns the hidden states the rows' next
-round of drafts reads). Needs the engine's `backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`,
+round of drafts reads). A piece that holds media soft tokens carries their embeddings (`Sequence.media_rows`: the
+graphs' `mm_embeds`, and the 12B's bidirectional image blocks in its masks) and runs through the prefill or extend
+graph, never the mixed one. Needs the engine's `backend`, `model`, `dims`, `batch`, `scheduler`, `prefix`,
 `extend_t`, `mixed_steps` and its sampling helpers."""
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ class Prefills:
             and seq.prompt_logprobs is None
 
     def _prefill(self, seq: Sequence, n: int) -> TokenEvent | None:
-        ids = seq.prompt_ids[:n]
+        ids = seq.feed[:n]
         bucket = choose_bucket(n, self.backend.buckets)
         spec = self.backend.spec(PREFILL, bucket)
-        inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot)
+        inputs = prefill_inputs(spec, ids, self.model.ple, self.dims.sliding_window, seq.slot, seq.media_rows(0, n))
         logits = self.backend.prefill(bucket, inputs)
         self._prefilled(seq, n)
         if n < len(seq.prompt_ids):
@@ -82,8 +84,8 @@ class Prefills:
         scored = seq.prompt_logprobs is not None
         logits = not k or scored or any(needs_logits(r, k) for r in rows if isinstance(r, Row))
         spec = self.backend.extend_spec(self.extend_t, 1, logits=logits, per_position=scored)
-        inputs = extend_inputs(spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
-                               self.dims.sliding_window)
+        inputs = extend_inputs(spec, [(seq.slot, seq.feed[start:start + n], start)], self.model.ple,
+                               self.dims.sliding_window, [seq.media_rows(start, n)])
         scores = self.backend.extend(spec, inputs)
         if scored:  # every position's logits [1, T, vocab]: the prompt's logprobs, then the last one's row
             self._score(seq, scores[0, :n], start)
@@ -113,11 +115,12 @@ class Prefills:
 
     def _mixable(self, work: list[tuple[Sequence, int]], decoding: int) -> int | None:
         """Which piece of this step's prefill work runs in the mixed graph with the decode rows (its index in
-        `work`): the first one through the extend graph, when rows decode and the backend has the graph."""
+        `work`): the first one through the extend graph without media, when rows decode and the backend has the
+        graph."""
         if not (self.mixed_steps and decoding):
             return None
-        return next((i for i, (seq, n) in enumerate(work)
-                     if not self._by_prefill_graph(seq, n) and seq.prompt_logprobs is None), None)
+        return next((i for i, (seq, n) in enumerate(work) if not self._by_prefill_graph(seq, n)
+                     and seq.prompt_logprobs is None and seq.media_rows(seq.prefilled, n) is None), None)
 
     def _mixed(self, seq: Sequence, n: int, running: list[Sequence]) -> list[EngineEvent]:
         """The next `n` prompt tokens of `seq` and one decode token of every row of `running`, in one mixed
@@ -161,7 +164,7 @@ class Prefills:
         self.batch.park(seq.slot, start)
         decode = self.batch.inputs([(s.slot, s.output_ids[-1], s.next_position) for s in running])
         chunk_spec = self.backend.extend_spec(self.extend_t, 1)
-        chunk = extend_inputs(chunk_spec, [(seq.slot, seq.prompt_ids[start:start + n], start)], self.model.ple,
+        chunk = extend_inputs(chunk_spec, [(seq.slot, seq.feed[start:start + n], start)], self.model.ple,
                               self.dims.sliding_window)
         return mixed_inputs(spec, dict(zip(self.batch.names, decode)),
                             {x.name: v for x, v in zip(chunk_spec.host_inputs, chunk)})

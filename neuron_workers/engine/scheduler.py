@@ -61,7 +61,7 @@ class Scheduler:
                 break  # its prompt's twin is being prefilled: it clones that slot once the prefill is done
             scored = seq.prompt_logprobs is not None  # every prompt position's logits: nothing reused
             live = self._live() if self.prefix is not None and not scored else {}
-            slot, hit, entry, src = self.prefix.choose([] if scored else seq.prompt_ids, self.free_slots,
+            slot, hit, entry, src = self.prefix.choose([] if scored else seq.keys, self.free_slots,
                                                        tuple(live.values())) \
                 if self.prefix else (self.free_slots[0], 0, None, None)
             cost = self._piece(seq, hit)
@@ -88,7 +88,10 @@ class Scheduler:
         n = min(rest, unit) if unit else rest
         slack = self.prefix.ring - self.prefix.window if self.prefix is not None else 0
         cut = next((p for p in seq.keep_points if start < p < start + n - slack), None)
-        return n if cut is None else cut - start
+        n = n if cut is None else cut - start
+        # a piece never ends inside a bidirectional block (its tokens see each other: one graph call holds it)
+        split = next((m.offset for m in seq.media if m.bidirectional and start < m.offset < start + n < m.end), None)
+        return n if split is None else split - start
 
     def prefilled(self, seq: Sequence, n: int) -> None:
         """`n` more prompt tokens of `seq` are in its slot."""
@@ -109,7 +112,7 @@ class Scheduler:
         `seq` then waits a step or so and clones its slot instead of prefilling the prompt again."""
         if self.prefix is None or self.prefix.windows is None or seq.prompt_logprobs is not None:
             return False
-        return any(not s.output_ids and s.prompt_ids == seq.prompt_ids for s in self.running.values())
+        return any(not s.output_ids and s.keys == seq.keys for s in self.running.values())
 
     def _admit_one(self, slot: int, reused: int, entry: int | None = None, src: int | None = None,
                    src_reach: int | None = None) -> Sequence:

@@ -55,12 +55,42 @@ class Sequence:
     ngrams: object | None = None  # drafts.NgramIndex of its tokens, with prompt-lookup speculation
     hidden: object | None = None  # MTP drafter: the target's last hidden state [H] at position `hidden_at`
     hidden_at: int = -1
+    media: tuple = ()  # media.types.MediaInput of its prompt, in prompt order
+    prompt_keys: list[int] | None = None  # with media: the prompt ids, soft tokens keyed by their item's digest
+    fed_ids: list[int] | None = None  # the prompt as the graphs take it, when it differs (soft tokens outside media)
+
+    @property
+    def feed(self) -> list[int]:
+        """The prompt ids the graphs take: a media soft token outside an image / audio item is fed as the pad token
+        (what transformers embeds for it)."""
+        return self.fed_ids if self.fed_ids is not None else self.prompt_ids
+
+    @property
+    def keys(self) -> list[int]:
+        """What prefix reuse compares: the prompt ids, each media soft token replaced by a key derived from its
+        item's digest and index (`media.types.soft_key`), so only the same image / clip at the same place matches."""
+        return self.prompt_keys if self.prompt_keys is not None else self.prompt_ids
+
+    def media_rows(self, start: int, n: int):
+        """(embeds [n, H], soft [n] bool, bidirectional blocks [(a, b)] in piece indices) of prompt tokens
+        start .. start + n - 1, or None when no item is there (a piece never cuts a block: `Scheduler._piece`)."""
+        items = [m for m in self.media if m.offset < start + n and m.end > start]
+        if not items:
+            return None
+        embeds = torch.zeros(n, items[0].embeds.shape[1], dtype=items[0].embeds.dtype)
+        soft = torch.zeros(n, dtype=torch.bool)
+        for m in items:
+            a, b = max(start, m.offset), min(start + n, m.end)
+            embeds[a - start:b - start] = m.embeds[a - m.offset:b - m.offset]
+            soft[a - start:b - start] = True
+        blocks = [(m.offset - start, m.end - start) for m in items if m.bidirectional]
+        return embeds, soft, blocks
 
     @property
     def cached(self) -> list[int]:
-        """The tokens whose KV its slot holds: the prompt prefilled so far and every output token but the last
-        (which was never fed)."""
-        fed = self.prompt_ids[: self.prefilled]
+        """The tokens whose KV its slot holds (as prefix-reuse keys): the prompt prefilled so far and every output
+        token but the last (which was never fed)."""
+        fed = self.keys[: self.prefilled]
         return fed + self.output_ids[:-1] if self.prefilled == len(self.prompt_ids) else fed
 
     @property

@@ -35,6 +35,9 @@ class ModelDims:
     ple_vocab: int
     final_logit_softcapping: float | None
     max_position_embeddings: int
+    # the soft-token ids whose embeddings the prefill / extend graphs take from `mm_embeds` (image, audio); empty:
+    # the graphs take no media (text-only checkpoints, and the xla / neuron backends: `factory.with_media`)
+    media_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_hf(cls, cfg) -> "ModelDims":

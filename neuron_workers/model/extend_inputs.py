@@ -13,26 +13,30 @@ from __future__ import annotations
 import torch
 
 from neuron_workers.errors import ContextLengthError
+from neuron_workers.model.host_inputs import media_values, same_block
 from neuron_workers.model.spec import GraphSpec
 
 
-def extend_masks(start: int, t: int, ctx: int, ring: int, window: int, dtype: torch.dtype):
-    """mask_full [1, t, ctx] and mask_sliding [1, t, ring + t] of one row whose chunk starts at `start`."""
+def extend_masks(start: int, t: int, ctx: int, ring: int, window: int, dtype: torch.dtype, blocks=()):
+    """mask_full [1, t, ctx] and mask_sliding [1, t, ring + t] of one row whose chunk starts at `start`; `blocks`
+    [(a, b)] chunk indices of bidirectional blocks, wholly in the chunk (`host_inputs.prefill_masks`)."""
     q = start + torch.arange(t)[:, None]  # [t, 1] query positions
     full = torch.arange(ctx)[None, :] <= q
     s = torch.arange(ring)
     held = start - 1 - ((start - 1 - s) % ring)  # the position ring slot s holds (negative: never written)
     ring_ok = (held[None, :] >= 0) & (held[None, :] > q - window)
     j = torch.arange(t)
-    own = (j[None, :] <= j[:, None]) & (j[:, None] - j[None, :] < window)
+    own = ((j[None, :] <= j[:, None]) | same_block(j[:, None], j[None, :], blocks)) & (j[:, None] - j[None, :] < window)
     zero, neg = torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype)
     return (torch.where(full, zero, neg)[None],
             torch.where(torch.cat([ring_ok, own], dim=1), zero, neg)[None])
 
 
-def extend_inputs(spec: GraphSpec, rows: list[tuple[int, list[int], int]], ple_table, window: int
+def extend_inputs(spec: GraphSpec, rows: list[tuple[int, list[int], int]], ple_table, window: int, media=None
                   ) -> tuple[torch.Tensor, ...]:
-    """Inputs for `rows` = [(slot, new token ids, start position)], at most spec.rows of them."""
+    """Inputs for `rows` = [(slot, new token ids, start position)], at most spec.rows of them; `media`: per row,
+    None or (embeds [n, H], soft [n] bool, bidirectional blocks [(a, b)]) of its new tokens
+    (`host_inputs.media_values`)."""
     r_all, t, ctx = spec.rows, spec.seq_len, spec.max_context
     if not 1 <= len(rows) <= r_all:
         raise ValueError(f"extend {spec.tag} takes 1..{r_all} rows, got {len(rows)}")
@@ -53,12 +57,12 @@ def extend_inputs(spec: GraphSpec, rows: list[tuple[int, list[int], int]], ple_t
             raise ContextLengthError(f"extend of {n} tokens at {start}: T is {t}, the context {ctx}")
         input_ids[r, :n] = torch.tensor(ids, dtype=id_dtype)
         position_ids[r] = torch.arange(start, start + t, dtype=id_dtype)
-        mask_full[r], mask_sliding[r] = extend_masks(start, t, ctx, ring, window, dtype)
+        blocks = media[r][2] if media is not None and media[r] is not None else ()
+        mask_full[r], mask_sliding[r] = extend_masks(start, t, ctx, ring, window, dtype, blocks)
         last_idx[r] = n - 1
     values = {"input_ids": input_ids, "position_ids": position_ids, "mask_full": mask_full,
               "mask_sliding": mask_sliding, "last_idx": last_idx, "slots": slots}
-    if ple_table is not None:
-        values["per_layer_inputs"] = ple_table.lookup(input_ids)
+    media_values(values, spec, input_ids, ple_table, media)
     return tuple(values[x.name] for x in spec.host_inputs)
 
 

@@ -8,6 +8,7 @@ head. Their only state is explicit tensors, declared (inputs and outputs) in `sp
   prefill: input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, ring_idx, slot, *kv
   decode:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, *kv   (decode, decode_logits)
   extend:  input_ids, position_ids, [per_layer_inputs], mask_full, mask_sliding, last_idx, slots, *kv
+  (prefill and extend of a media model: `mm_embeds` after the other host inputs, before *kv)
   mixed:   the extend inputs over one token axis of B decode tokens + T chunk tokens (`mixed_kv.MixedKV`)
   outputs: prefill and decode_logits: logits [rows, vocab] at the last real position, without the soft-cap;
            decode: each row's K largest raw logits [rows, K] and their ids [rows, K]; the mixed graph: the
@@ -26,6 +27,8 @@ the same graph, so the dependency stays live in the traced program.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -149,10 +152,20 @@ class GemmaGraph(nn.Module):
         out = (values, ids.to(self.spec.outputs[1].dtype))
         return out + (normed[:, 0, :],) if self.spec.hidden else out
 
+    def _embed(self, x: dict) -> torch.Tensor:
+        """The scaled token embeddings; with `mm_embeds` (a media model's prefill / extend graphs) the media soft
+        tokens take theirs from it, unscaled, as transformers' `masked_scatter` of the encoders' output."""
+        ids = x["input_ids"]
+        h = self.model.embed_tokens(ids)
+        if "mm_embeds" not in x:
+            return h
+        soft = functools.reduce(torch.logical_or, [ids == t for t in self.dims.media_ids])
+        return torch.where(soft[..., None], x["mm_embeds"].to(h.dtype), h)
+
     def _decoder(self, x: dict, cache) -> torch.Tensor:
         m, dims = self.model, self.dims
         position_ids = x["position_ids"]
-        h = m.embed_tokens(x["input_ids"])
+        h = self._embed(x)
         ple = m.project_per_layer_inputs(h, x["per_layer_inputs"]) if dims.ple_dim else None
         rope = {t: m.rotary_emb(h, position_ids, t) for t in self.layer_types}
         masks = {FULL: x["mask_full"], SLIDING: x["mask_sliding"]}

@@ -30,6 +30,24 @@ class LoadedModel:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.info.eos_token_ids
 
+    @property
+    def soft_ids(self) -> tuple[int, ...]:
+        """The media soft-token ids of a multimodal checkpoint (image, audio, video): outside an image / audio
+        item, transformers embeds them (and looks up their PLE rows) as the pad token, and so does the engine."""
+        return media_token_ids(self.info)
+
+
+def media_token_ids(info: CheckpointInfo) -> tuple[int, ...]:
+    import json
+
+    path = Path(info.model_dir) / "config.json"
+    if info.model_type not in ("gemma4", "gemma4_unified") or not path.is_file():
+        return ()
+    raw = json.loads(path.read_text())
+    ids = (raw.get("image_token_id"), raw.get("audio_token_id"), raw.get("video_token_id"))
+    vocab = raw.get("text_config", {}).get("vocab_size", 0)
+    return tuple(i for i in ids if isinstance(i, int) and 0 <= i < vocab)
+
 
 def load_tokenizer(model_dir: str | Path):
     """The checkpoint's tokenizer, or None when the directory has no tokenizer files."""

@@ -25,6 +25,10 @@ Draft (`draft`, with an MTP drafter: `draft_graph.DraftGraph`): one draft token 
 hidden state, over the KV of the target's store layers, read-only; its inputs are host inputs only and its
 outputs the draft ids and the drafter's next hidden state (no KV: the graph replaces none).
 
+Media (a model whose `dims.media_ids` is set): the prefill and extend graphs take one more input, `mm_embeds`
+[rows, T, H], the image / audio soft tokens' embeddings at their positions (`graphs.GemmaGraph._embed`); decode and
+the mixed graph take none (a chunk with media runs through the extend graph).
+
 Batching: the KV buffers hold `batch` rows (slots), one per running sequence. The decode graph takes one
 token for every row; a prefill graph takes one prompt (batch 1, padded to its bucket) and writes it into
 the row named by its `slot` input, leaving every other row as it was.
@@ -77,6 +81,7 @@ class GraphSpec:
     rows: int = 0  # extend: rows R of new tokens (each written into the slot its `slots` entry names)
     per_position: bool = False  # extend: candidates of every position [R, T, K] instead of the last one's
     hidden: bool = False  # candidates come with the last hidden state after the final norm (an MTP drafter's input)
+    media_ids: tuple[int, ...] = ()  # with `mm_embeds`: the soft-token ids it replaces (others are fed as pad)
 
     @property
     def tag(self) -> str:
@@ -163,6 +168,7 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
     if phase == PREFILL:
         ins += [TensorSpec("last_idx", (1,), id_dtype), TensorSpec("ring_idx", (1, ring), id_dtype),
                 TensorSpec("slot", (1,), id_dtype)]
+        ins += media_inputs(dims, rows, s, dtype)
     kv = kv_specs(dims, batch, max_context, dtype, kv_heads)
     if candidates:
         head = (TensorSpec("candidate_values", (rows, candidates), dtype),
@@ -170,8 +176,19 @@ def make_spec(dims: ModelDims, phase: str, batch: int, seq_len: int, max_context
         head += (TensorSpec("hidden", (rows, dims.hidden_size), dtype),) if hidden else ()
     else:
         head = (TensorSpec("logits", (rows, dims.vocab_size), dtype),)
-    return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates, hidden=hidden)
+    return GraphSpec(phase, batch, s, max_context, tuple(ins) + kv, (*head, *kv), candidates, hidden=hidden,
+                     media_ids=_media_ids(dims) if phase == PREFILL else ())
 
+
+
+def media_inputs(dims: ModelDims, rows: int, t: int, dtype: torch.dtype) -> list[TensorSpec]:
+    """`mm_embeds` [rows, T, H]: the embeddings of the media soft tokens among the T tokens (anything elsewhere),
+    on the prefill and extend graphs of a model that serves media (`dims.media_ids`); none otherwise."""
+    return [TensorSpec("mm_embeds", (rows, t, dims.hidden_size), dtype)] if _media_ids(dims) else []
+
+
+def _media_ids(dims) -> tuple[int, ...]:
+    return tuple(getattr(dims, "media_ids", ()))
 
 
 def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int, dtype: torch.dtype,
@@ -189,6 +206,7 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
     ins += [TensorSpec("mask_full", (rows, 1, t, max_context), dtype),
             TensorSpec("mask_sliding", (rows, 1, t, ring + t), dtype),
             TensorSpec("last_idx", (rows,), id_dtype), TensorSpec("slots", (rows,), id_dtype)]
+    ins += media_inputs(dims, rows, t, dtype)
     kv = kv_specs(dims, batch, max_context, dtype, kv_heads)
     lead = (rows, t) if per_position else (rows,)
     if candidates:
@@ -198,7 +216,7 @@ def extend_spec(dims: ModelDims, batch: int, rows: int, t: int, max_context: int
     else:  # the last position's logits, or every position's (prompt logprobs)
         head = (TensorSpec("logits", (*lead, dims.vocab_size), dtype),)
     return GraphSpec(EXTEND, batch, t, max_context, tuple(ins) + kv, (*head, *kv), candidates, rows, per_position,
-                     hidden)
+                     hidden, _media_ids(dims))
 
 
 def mixed_spec(dims: ModelDims, batch: int, t: int, max_context: int, dtype: torch.dtype, id_dtype: torch.dtype,

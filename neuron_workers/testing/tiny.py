@@ -41,20 +41,38 @@ TINY = {
         num_global_key_value_heads=1, attention_k_eq_v=True,
         layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 2)),
 }
+# the media token ids of the tiny vocabulary (tiny_tokenizer.SPECIAL). A soft token (image 69, audio 79, video 80)
+# outside media is embedded as the pad token (transformers' rule), so the soft ids avoid the ids the hand-made
+# prompts of the tests use (compile/smoke_tiny.py, tests/engine): their text behaviour stays what it was
+MEDIA_IDS = dict(boi_token_id=67, eoi_token_id=68, image_token_id=69, boa_token_id=70, eoa_token_index=71,
+                 audio_token_id=79, video_token_id=80)
+# tiny towers: 4 px patches pooled 2 x 2 (E-models; the 12B-like: 8 px merged patches); the audio conformer's first
+# conv keeps 128 channels (transformers sizes its projection as if they were the 128 mel bins)
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2, position_embedding_size=64)
+AUDIO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 4],
+             conv_kernel_size=3, output_proj_dims=24)
+UNIFIED_VISION = dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=64, output_proj_dims=32)
 GENERATION_CONFIG = {"bos_token_id": 2, "pad_token_id": 0, "eos_token_id": [1, 106, 50], "do_sample": True,
                      "temperature": 1.0, "top_k": 64, "top_p": 0.95}
 
 
-def multimodal_model(model_type: str, text: dict):
-    """transformers' multimodal class for the layout, text-only (no vision / audio towers)."""
+def multimodal_model(model_type: str, text: dict, media: bool = True):
+    """transformers' multimodal class for the layout, with tiny vision and audio parts (`media`) or none."""
     import transformers as tf
 
     if model_type == "gemma4":
         text_cfg = tf.Gemma4TextConfig(**text)
-        cfg = tf.Gemma4Config(text_config=text_cfg.to_dict(), vision_config=None, audio_config=None)
+        parts = dict(vision_config=tf.Gemma4VisionConfig(**VISION).to_dict(),
+                     audio_config=tf.Gemma4AudioConfig(**AUDIO).to_dict()) if media else \
+            dict(vision_config=None, audio_config=None)
+        cfg = tf.Gemma4Config(text_config=text_cfg.to_dict(), **parts, **MEDIA_IDS)
         return tf.Gemma4ForConditionalGeneration(cfg)
     text_cfg = tf.Gemma4UnifiedTextConfig(**text)
-    cfg = tf.Gemma4UnifiedConfig(text_config=text_cfg.to_dict(), vision_config=None)
+    parts = dict(vision_config=tf.Gemma4UnifiedVisionConfig(**UNIFIED_VISION).to_dict(),
+                 audio_config=tf.Gemma4UnifiedAudioConfig().to_dict()) if media else \
+        dict(vision_config=None, audio_config=None)
+    cfg = tf.Gemma4UnifiedConfig(text_config=text_cfg.to_dict(), **parts, **MEDIA_IDS)
     return tf.Gemma4UnifiedForConditionalGeneration(cfg)
 
 
@@ -79,7 +97,6 @@ def checkpoint_tensors(model, text: dict, gen: torch.Generator) -> dict[str, tor
         pre = f"model.language_model.layers.{i}.self_attn."
         out[pre + "k_proj.weight"] = torch.randn(hd * text["num_key_value_heads"], h, generator=gen)
         out[pre + "k_norm.weight"] = torch.ones(hd)
-    out["model.embed_vision.embedding_projection.weight"] = torch.zeros(4, h)  # a non-text weight
     return out
 
 
@@ -95,7 +112,11 @@ def write_checkpoint(path: Path, model_type: str, text: dict, seed: int = 0) -> 
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = multimodal_model(model_type, text)
-    randomize(model, gen)
+    randomize(model.model.language_model, gen)  # first: the text weights do not depend on the media parts
+    media_gen = torch.Generator().manual_seed(seed + 1)
+    for part in ("vision_tower", "embed_vision", "audio_tower", "embed_audio"):
+        if getattr(model.model, part, None) is not None:
+            randomize(getattr(model.model, part), media_gen)
     path.mkdir(parents=True, exist_ok=True)
     save_file(checkpoint_tensors(model, text, gen), str(path / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
@@ -105,6 +126,9 @@ def write_checkpoint(path: Path, model_type: str, text: dict, seed: int = 0) -> 
     from neuron_workers.testing.tiny_tokenizer import build_tokenizer
 
     build_tokenizer().save_pretrained(str(path))
+    from neuron_workers.testing.media_files import write_processor_files
+
+    write_processor_files(path, model_type)
     return path
 
 
@@ -114,9 +138,17 @@ def ensure_tiny(out_dir: str | Path) -> dict[str, Path]:
     paths = {}
     for name in TINY:
         p = out_dir / name
-        paths[name] = p if (p / "model.safetensors").is_file() else write_tiny(out_dir, name)
+        paths[name] = p if _current(p) else write_tiny(out_dir, name)
         refresh_template(p)
     return paths
+
+
+def _current(path: Path) -> bool:
+    """Whether `path` holds a tiny checkpoint of this version (media weights, processor file, these media ids)."""
+    if not ((path / "model.safetensors").is_file() and (path / "processor_config.json").is_file()):
+        return False
+    config = json.loads((path / "config.json").read_text())
+    return all(config.get(k) == v for k, v in MEDIA_IDS.items())
 
 
 def refresh_template(path: Path) -> None:

@@ -16,7 +16,12 @@ Please write a short poem. Roses are red, violets are blue, tokens are many, and
 """
 SPECIAL = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>",
            49: "<tool_call|>", 50: "<|tool_response>", 51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>",
-           100: "<|channel>", 101: "<channel|>", 105: "<|turn>", 106: "<turn|>"}
+           67: "<|image>", 68: "<image|>", 69: "<|image|>", 70: "<|audio>", 71: "<audio|>", 79: "<|audio|>",
+           80: "<|video|>", 100: "<|channel>", 101: "<channel|>", 105: "<|turn>", 106: "<turn|>"}
+# the media control tokens at free ids of the tiny vocabulary (the real ones are 255999, 258882, 258880, 256000,
+# 258883, 258881, 258884); the tiny configs' token ids name these (tiny.MEDIA_IDS)
+MEDIA_TOKENS = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+                "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>"}
 # Gemma-4's chat format: our template rendering what the published 07-09 template renders (chat_template.py)
 CHAT_TEMPLATE = chat_template("0709")
 
@@ -36,6 +41,6 @@ def build_tokenizer(vocab_size: int = 512, template: str = "0709"):
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
                                                        special_tokens=[("<bos>", 2)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>")
+                                   pad_token="<pad>", unk_token="<unk>", extra_special_tokens=MEDIA_TOKENS)
     fast.chat_template = chat_template(template)
     return fast

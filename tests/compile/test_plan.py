@@ -191,3 +191,55 @@ def test_plan_counts_a_kept_sliding_window(size, tp, mib, capsys):
     assert compile_main(["plan", "--model", str(CONFIGS / f"gemma-4-{size}.text_config.json"), "--tp", str(tp),
                          "--batch", "4", "--max-context", "4096", "--json"]) == (2 if (size, tp) == ("12B", 1) else 0)
     assert json.loads(capsys.readouterr().out)["window_per_core"] == mib * 2**20  # (the 12B at tp=1 fits no core)
+
+
+def _meta_count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("size", ["E2B", "E4B", "12B"])
+def test_plan_media_encoder_bytes_equal_transformers_modules(size, capsys):
+    """The media line's bytes: the released encoders, as transformers 5.23 builds them from their configs (the
+    classes' defaults, which the checkpoints use: vision 167.4M, audio 304.8M, 12B embedders 52.4M), plus their
+    embedders into this size's text width, counted on the meta device, in bf16."""
+    import transformers as tf
+
+    cfg = real_config(size)
+    with torch.device("meta"):
+        if size == "12B":
+            vis = _meta_count(tf.models.gemma4_unified.modeling_gemma4_unified.Gemma4UnifiedVisionEmbedder(
+                tf.Gemma4UnifiedVisionConfig(), cfg))
+            aud = _meta_count(tf.models.gemma4_unified.modeling_gemma4_unified.Gemma4UnifiedMultimodalEmbedder(
+                tf.Gemma4UnifiedAudioConfig(), cfg))
+        else:
+            m4 = tf.models.gemma4.modeling_gemma4
+            vc, ac = tf.Gemma4VisionConfig(), tf.Gemma4AudioConfig()
+            vis = _meta_count(m4.Gemma4VisionModel(vc)) + _meta_count(m4.Gemma4MultimodalEmbedder(vc, cfg))
+            aud = _meta_count(m4.Gemma4AudioModel(ac)) + _meta_count(m4.Gemma4MultimodalEmbedder(ac, cfg))
+    want = {"E2B": (167.4e6, 304.8e6 + 3.6e6), "E4B": (167.4e6, 304.8e6 + 5.9e6), "12B": (52.4e6, 0)}[size]
+    assert abs(vis + aud - sum(want)) < 0.1e6 * 2  # the reference's rounded counts
+    tp = 2 if size == "12B" else 1
+    assert compile_main(["plan", "--model", str(CONFIGS / f"gemma-4-{size}.text_config.json"), "--tp", str(tp),
+                         "--json"]) == 0
+    media = json.loads(capsys.readouterr().out)["media"]
+    assert (media["vision_weights"], media["audio_weights"], media["weights"]) == (2 * vis, 2 * aud, 2 * (vis + aud))
+
+
+def test_plan_media_transients_and_fit(capsys):
+    """An E-model vision graph attends over every patch: at the 1120-token bucket (10080 patches, 12 heads) its
+    fp32 scores alone are ~4.5 GiB, 16x the 280 bucket's; E4B at batch 8 / 4096 fits its text graphs and a 280-bucket
+    vision graph but not a 1120 one, which the text line and the media line both say; at batch 1 all fit."""
+    from compile.plan import GIB
+
+    e4b = str(CONFIGS / "gemma-4-E4B.text_config.json")
+    compile_main(["plan", "--model", e4b, "--batch", "8", "--max-context", "4096", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    t = got["media"]["transients"]
+    assert t["image_1120"] > 12 * 10080**2 * 4 > 4 * GIB and t["image_1120"] > 10 * t["image_280"]
+    assert got["fits"] and got["media"]["fits"] == {"image_280": True, "image_1120": False, "audio_30s": True}
+    assert got["media"]["free_after"] < t["image_1120"]
+    compile_main(["plan", "--model", e4b, "--batch", "8", "--max-context", "4096"])
+    text = capsys.readouterr().out
+    assert "image@1120 4946 MiB does not fit" in text and "image@280 365 MiB fits" in text
+    compile_main(["plan", "--model", e4b, "--batch", "1", "--max-context", "4096", "--json"])
+    assert all(json.loads(capsys.readouterr().out)["media"]["fits"].values())
