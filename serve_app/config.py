@@ -71,6 +71,9 @@ class ModelSpec(EngineFields):
     max_ongoing_requests: int | None = Field(None, ge=1, description="Requests a replica holds at once, running "
                                              "or waiting for a slot (default: 2 x max_batch)")
     max_queued_requests: int = Field(16, ge=-1, description="Waiting callers before 503; -1 = unbounded")
+    media_hosts: list[str] = Field(default_factory=list, description="Hosts an http(s) image URL may name: the "
+                                   "replica fetches from these only (no redirects). Empty: data: URLs only")
+    media_fetch_timeout_s: float = Field(10.0, gt=0, description="Fetching one image URL takes at most this")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_mapping(self.model_dump(), self.path)
@@ -113,7 +116,8 @@ class AppArgs(BaseModel):
                                 f"args are visible on the Ray dashboard)")
     require_api_key: bool = Field(False, description=f"Refuse to start without a key (api_keys or ${API_KEY_ENV}): "
                                   f"for configs that listen on a public interface")
-    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; larger is a 413")
+    max_request_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Largest request body; larger is a 413 "
+                                   "(images and audio travel in it as base64)")
     instance: str | None = Field(None, description="The inf2 instance this config is sized for "
                                  "(`python -m compile plan --config` checks every model on it)")
     max_header_bytes: int = Field(32 * 1024, ge=1024, description="Largest request head (all headers); larger "

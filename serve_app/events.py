@@ -61,6 +61,18 @@ ReplicaEvent = Started | Delta | Finished | Failed
 
 
 @dataclass(frozen=True, slots=True)
+class MediaPart:
+    """One image or audio clip of a request, as the router passes it on (`openai/media_parts.py`): its bytes (a
+    data: URL or base64, decoded) or an http(s) URL the replica fetches; decoded in the replica."""
+
+    kind: str  # image | audio
+    param: str  # the request field it came from, e.g. messages.0.content.1.image_url (named by a 400)
+    data: bytes = b""
+    url: str = ""
+    format: str = ""  # audio: wav; image: the data: URL's subtype (png, jpeg, ...)
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """What the router asks a replica for: a chat (`messages`) or a completion (`prompt`: text or ids). Every API
     shape (chat and completions, the Responses API, Anthropic's Messages) becomes one of these; `n` choices are n
@@ -83,3 +95,4 @@ class GenerateRequest:
     logprobs: int | None = None  # None: none; n: each token's logprob and the top n
     prompt_logprobs: int | None = None  # None: none; n: each prompt token's logprob and the top n (echo)
     keep_special: bool = False  # keep control tokens in the text (the router's output parsers need them)
+    media: tuple[MediaPart, ...] = ()  # a chat's images and audio clips, in the order its template renders them

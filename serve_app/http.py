@@ -33,7 +33,9 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
 
 @api.exception_handler(RequestValidationError)
 async def _validation(request: Request, exc: RequestValidationError):
-    first = exc.errors()[0] if exc.errors() else {}
+    errors = exc.errors()
+    tagged = [e for e in errors if e.get("type") in ("union_tag_invalid", "union_tag_not_found")]
+    first = (tagged or errors or [{}])[0]  # an unknown content part type says so, not "should be a string"
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid" or not loc and first.get("type") == "missing":
         return error(400, "the request body is not valid JSON", code="invalid_json")

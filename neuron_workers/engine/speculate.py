@@ -31,6 +31,7 @@ from neuron_workers.engine.sequence import Sequence
 from neuron_workers.engine.topk import serves
 from neuron_workers.errors import UserError
 from neuron_workers.model.extend_inputs import extend_inputs
+from neuron_workers.model.host_inputs import PAD_ID
 
 
 def check_speculative_tokens(k: int, ring: int, window: int, max_context: int, mtp: bool = False) -> None:
@@ -87,8 +88,8 @@ class Speculation:
             events += self._decode(plain)
         try:
             spec = self.backend.extend_spec(self.spec_k + 1, self.max_batch, per_position=True)
-            inputs = extend_inputs(spec, [(s.slot, [s.output_ids[-1]] + drafts[s.seq_id], s.next_position)
-                                          for s in verify], self.model.ple, self.dims.sliding_window)
+            inputs = extend_inputs(spec, [(s.slot, self._as_fed([s.output_ids[-1]] + drafts[s.seq_id]),
+                                           s.next_position) for s in verify], self.model.ple, self.dims.sliding_window)
             cands = self.backend.extend(spec, inputs)
         except Exception as e:  # the backend failed: these sequences end, the engine goes on
             return events + [self._fail(s, e) for s in verify]
@@ -96,6 +97,11 @@ class Speculation:
             out = self._guard(s, lambda s, i=i: self._accept(s, cands, i, drafts[s.seq_id]))
             events += out if isinstance(out, list) else [out]
         return events
+
+    def _as_fed(self, ids: list[int]) -> list[int]:
+        """Tokens as the verify graph takes them: a media soft token the model generated (or a draft proposes) is
+        fed as the pad token, as decode feeds it (`DecodeBatch.pad_ids`) and transformers embeds it."""
+        return [PAD_ID if t in self.soft_ids else t for t in ids] if self.soft_ids else ids
 
     def _accept(self, seq: Sequence, cands, row: int, drafts: list[int]) -> list[EngineEvent]:
         cap = self.dims.final_logit_softcapping

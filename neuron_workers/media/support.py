@@ -37,19 +37,14 @@ class MediaSupport:
     def placeholder(self, kind: str) -> str:
         return {"image": self.processor.image_token, "audio": self.processor.audio_token}[kind]
 
+    def expand(self, text: str, images: list, audios: list) -> list[int]:
+        """The prompt ids as transformers' processor gives them (each placeholder expanded to its soft tokens),
+        without running the encoders (`/tokenize`)."""
+        return self._process(text, images, audios)["input_ids"][0].tolist()
+
     def prepare(self, text: str, images: list, audios: list) -> tuple[list[int], list[MediaInput]]:
         """(prompt ids as transformers' processor gives them, the items encoded, in prompt order)."""
-        self._check(text, images, audios)
-        bos = self.processor.tokenizer.bos_token
-        kw = dict(text=[text], return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos)))
-        if images:
-            kw["images"] = [[im.convert("RGB") for im in images]]
-        if audios:
-            kw["audio"] = [np.asarray(a, dtype=np.float32) for a in audios]
-        try:
-            out = self.processor(**kw)
-        except (ValueError, TypeError, OSError) as e:
-            raise UserError(f"the media could not be processed: {e}") from None
+        out = self._process(text, images, audios)
         ids = out["input_ids"][0].tolist()
         found = {"image": [], "audio": []}
         for i, t in enumerate(ids[:-1]):
@@ -63,6 +58,20 @@ class MediaSupport:
             if ids[m.offset:m.end] != [self.ids[m.kind]] * m.length:
                 raise RuntimeError(f"the {m.kind} encoder gave {m.length} soft tokens, the processor another count")
         return ids, items
+
+    def _process(self, text: str, images: list, audios: list) -> dict:
+        """transformers' processor over the rendered prompt and its items (checked first)."""
+        self._check(text, images, audios)
+        bos = self.processor.tokenizer.bos_token
+        kw = dict(text=[text], return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos)))
+        if images:
+            kw["images"] = [[im.convert("RGB") for im in images]]
+        if audios:
+            kw["audio"] = [np.asarray(a, dtype=np.float32) for a in audios]
+        try:
+            return self.processor(**kw)
+        except (ValueError, TypeError, OSError) as e:
+            raise UserError(f"the media could not be processed: {e}") from None
 
     def _check(self, text: str, images: list, audios: list) -> None:
         for kind, items in (("image", images), ("audio", audios)):

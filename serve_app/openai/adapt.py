@@ -10,6 +10,7 @@ import re
 from pydantic import ValidationError
 
 from serve_app.openai.constraints import ConstraintError
+from serve_app.openai.media_parts import image_part
 from serve_app.openai.protocol import ChatRequest, UnsupportedField
 
 
@@ -43,6 +44,30 @@ def text_of(content, param: str, kinds: tuple[str, ...]) -> str:
     return "".join(out)
 
 
+def content_of(content, param: str, kinds: tuple[str, ...], media: dict) -> str | list[dict]:
+    """A content field as chat content: a string, or, when it holds media parts (`media`: part type -> function
+    (part, param) -> the chat part), a list of chat parts (text, image_url, input_audio) in order."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") in media for p in content):
+        return text_of(content, param, kinds)
+    out = []
+    for j, part in enumerate(content):
+        at = f"{param}[{j}]"
+        need(isinstance(part, dict), at, "must be an object")
+        if part.get("type") in media:
+            out.append(media[part["type"]](part, at))
+        else:
+            need(part.get("type") in kinds, f"{at}.type", f"content parts of type {str(part.get('type'))[:40]!r} are "
+                                                          f"not supported ({', '.join(kinds + tuple(media))})")
+            out.append({"type": "text", "text": of_type(part.get("text"), str, f"{at}.text", "a string")})
+    return out
+
+
+def image_url_part(url, param: str) -> dict:
+    """A chat `image_url` part for `url` (a data: or http(s) URL), checked here so a 400 names this API's field."""
+    image_part(of_type(url, str, param, "a string (a data: URL or an http(s) URL)"), param)
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def chat_request(chat: dict, names: dict[str, str]) -> ChatRequest:
     """`chat` (a chat completion body) validated; an error names the field of the other API (`names`: chat field
     -> that API's field)."""
@@ -61,7 +86,8 @@ def chat_request(chat: dict, names: dict[str, str]) -> ChatRequest:
         raise _renamed(param, f"{'.'.join(loc) or param}: {msg}", names) from None
 
 
-_BRANCHES = {"str", "int", "float", "bool", "TextPart", "list[TextPart]", "NamedToolChoice", "literal['none','auto',"
+_BRANCHES = {"str", "int", "float", "bool", "TextPart", "list[TextPart]", "list[tagged-union[TextPart,ImageURLPart,"
+             "InputAudioPart]]", "text", "image_url", "input_audio", "NamedToolChoice", "literal['none','auto',"
              "'required']"}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from serve_app.openai.adapt import chat_request, need, of_type, text_of
+from serve_app.openai.adapt import chat_request, image_url_part, need, of_type, text_of
 from serve_app.openai.blocks import Blocks
 from serve_app.openai.responses import sse
 
@@ -97,13 +97,16 @@ def turn(m, param: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     need(isinstance(content, list), f"{param}.content", "must be a string or a list of content blocks")
-    text, calls, results, thoughts = [], [], [], []
+    text, calls, results, thoughts, parts = [], [], [], [], []
     for j, b in enumerate(content):
         at = f"{param}.content[{j}]"
         need(isinstance(b, dict), at, "must be an object")
         kind = b.get("type")
         if kind == "text":
             text.append(of_type(b.get("text"), str, f"{at}.text", "a string"))
+            parts.append({"type": "text", "text": text[-1]})
+        elif kind == "image" and role == "user":
+            parts.append(image_block(b, at))
         elif kind == "tool_use" and role == "assistant":
             args = of_type(b.get("input", {}), dict, f"{at}.input", "an object")
             calls.append({"id": of_type(b.get("id"), str, f"{at}.id", "a string"), "type": "function",
@@ -121,13 +124,25 @@ def turn(m, param: str) -> list[dict]:
         else:
             need(False, f"{at}.type", f"content blocks of type {str(kind)[:40]!r} are not supported in a {role} turn")
     if role == "user":
-        return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
+        content = parts if len(parts) > len(text) else "".join(text)  # with images: the parts in order
+        return results + ([{"role": "user", "content": content}] if parts or not results else [])
     msg = {"role": "assistant", "content": "".join(text) if text or not calls else None}
     if calls:
         msg["tool_calls"] = calls
     if thoughts:
         msg["reasoning_content"] = "".join(thoughts)
     return [msg]
+
+
+def image_block(b: dict, param: str) -> dict:
+    """An `image` block (`source`: base64 with its media_type, or a url) as a chat `image_url` part."""
+    src = of_type(b.get("source"), dict, f"{param}.source", "an object")
+    if src.get("type") == "url":
+        return image_url_part(src.get("url"), f"{param}.source.url")
+    need(src.get("type") == "base64", f"{param}.source.type", 'must be "base64" or "url"')
+    mime = of_type(src.get("media_type"), str, f"{param}.source.media_type", "a string (image/png, image/jpeg, ...)")
+    data = of_type(src.get("data"), str, f"{param}.source.data", "a base64 string")
+    return image_url_part(f"data:{mime};base64,{data}", f"{param}.source")
 
 
 def tool(t, param: str) -> dict:

@@ -4,10 +4,10 @@ A body is JSON-decoded and validated into a request model (`protocol.ChatRequest
 which also checks the schemas of `tools` / `response_format` (jsonschema) and builds and validates their
 grammar (llguidance). For a large schema that is a second of CPU; on the event loop it delayed `/health`
 and every other model's requests by as much. So a body that carries a schema (`"tools"` or
-`"response_format"` in its bytes) is parsed on one of `SCHEMA_WORKERS` threads (llguidance releases the
-interpreter lock; jsonschema's Python yields it every few ms), bounded in time by `SCHEMA_TIMEOUT_S`
-(past it the request is a 400 naming the field; the thread finishes on its own, and the pool's size
-bounds how many can run); any other body is small work and is parsed inline.
+`"response_format"` in its bytes), or images / audio (megabytes of base64), is parsed on one of
+`SCHEMA_WORKERS` threads (llguidance releases the interpreter lock; jsonschema's Python yields it every few ms),
+bounded in time by `SCHEMA_TIMEOUT_S` (past it the request is a 400 naming the field; the thread finishes on its
+own, and the pool's size bounds how many can run); any other body is small work and is parsed inline.
 
 Errors are the ones FastAPI would raise (`RequestValidationError`, answered by the router's
 handler), `ConstraintError` for a schema past the time bound, or `BodyError` for a body that is not
@@ -28,6 +28,8 @@ from serve_app.openai.constraints import ConstraintError
 SCHEMA_WORKERS = 2  # schema-bearing bodies parsed at once (more wait in the pool's queue)
 SCHEMA_TIMEOUT_S = 10.0  # a schema that takes longer to check and compile is refused
 SCHEMA_KEYS = (b'"tools"', b'"response_format"', b'"json_schema"', b'"output_config"')
+# a body with images or audio: megabytes of JSON and base64 to decode (Chat, Responses, Messages part types)
+MEDIA_KEYS = (b'"image_url"', b'"input_audio"', b'"input_image"', b'"image"')
 _POOL = ThreadPoolExecutor(SCHEMA_WORKERS, thread_name_prefix="schema-check")
 
 
@@ -57,18 +59,21 @@ def validate(model: type[BaseModel], raw: bytes) -> BaseModel:
 
 
 def schema_param(raw: bytes) -> str:
+    if not any(k in raw for k in SCHEMA_KEYS):
+        return "messages"
     return "tools" if SCHEMA_KEYS[0] in raw else "response_format"
 
 
 async def parse(model: type[BaseModel], raw: bytes) -> BaseModel:
     """The request model of `raw`, validated off the event loop when it carries a schema."""
-    if not any(k in raw for k in SCHEMA_KEYS):
+    if not any(k in raw for k in SCHEMA_KEYS + MEDIA_KEYS):
         return validate(model, raw)
     future = asyncio.get_running_loop().run_in_executor(_POOL, validate, model, raw)
     try:
         return await asyncio.wait_for(asyncio.shield(future), SCHEMA_TIMEOUT_S)
     except TimeoutError:
-        raise ConstraintError(schema_param(raw), f"the schema took longer than {SCHEMA_TIMEOUT_S:.0f} s to check "
+        what = "the media" if schema_param(raw) == "messages" else "the schema"
+        raise ConstraintError(schema_param(raw), f"{what} took longer than {SCHEMA_TIMEOUT_S:.0f} s to check "
                                                  "and compile") from None
 
 

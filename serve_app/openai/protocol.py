@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -18,6 +18,7 @@ from neuron_workers.engine.params import BIAS_RANGE, MAX_LOGIT_BIAS, PENALTY_RAN
 from serve_app.events import GenerateRequest
 from serve_app.openai import protocol_tools as T
 from serve_app.openai.constraints import ConstraintError
+from serve_app.openai.media_parts import ImageURLPart, InputAudioPart, media_of
 from serve_app.openai.schema_render import tool_for_template
 
 MAX_STOP = 4
@@ -169,11 +170,14 @@ class TextPart(BaseModel):
         return utf8(v)
 
 
+ContentPart = Annotated[TextPart | ImageURLPart | InputAudioPart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "model", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     tool_calls: list[T.ToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool results
     name: str | None = None
@@ -198,7 +202,8 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else \
+            "".join(p.text for p in self.content if isinstance(p, TextPart))
 
 
 class ChatRequest(SamplingFields):
@@ -213,6 +218,7 @@ class ChatRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     _grammar: tuple = PrivateAttr((None, None, None))
     _messages: tuple = PrivateAttr(())
+    _media: tuple = PrivateAttr(())
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -232,6 +238,7 @@ class ChatRequest(SamplingFields):
         self._grammar = T.grammar_for(self.tools, choice, self.parallel_tool_calls, self.response_format,
                                       self.thinking, self.max_completion_tokens or self.max_tokens)
         self._messages = T.history(self.messages)
+        self._media = media_of(self.messages)
         return self
 
     @property
@@ -261,7 +268,8 @@ class ChatRequest(SamplingFields):
                                template_kwargs=tuple(kwargs.items()), grammar=grammar, grammar_in_thought=in_thought,
                                grammar_param=param,
                                logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-                               keep_special=True)  # the router's parsers read the control tokens
+                               keep_special=True,  # the router's parsers read the control tokens
+                               media=self._media)
 
 
 class CompletionRequest(SamplingFields):

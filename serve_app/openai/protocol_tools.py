@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from serve_app.openai.constraints import ConstraintError, json_grammar, thought_budget, tool_grammar
+from serve_app.openai.media_parts import template_content
 
 STRICT = ConfigDict(extra="ignore", strict=True)
 NAME = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -276,12 +277,13 @@ def call_arguments(call_id: str, text: str) -> dict:
 
 
 def history(messages) -> tuple[dict, ...]:
-    """Chat messages for the template: tool-call arguments as objects, tool results with their call's id (and
+    """Chat messages for the template: content as text, or as a list of text / image / audio items when it holds
+    media (`media_parts.template_content`); tool-call arguments as objects, tool results with their call's id (and
     name when the client gave one), an assistant turn's reasoning."""
     out = []
     for m in messages:
         role = "assistant" if m.role == "model" else m.role
-        msg = {"role": role, "content": m.text() if m.content is not None else None}
+        msg = {"role": role, "content": template_content(m.content) if m.content is not None else None}
         if m.tool_calls:
             calls = []
             for c in m.tool_calls:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from serve_app.openai.adapt import chat_request, need, of_type, text_of
+from serve_app.openai.adapt import chat_request, content_of, image_url_part, need, of_type, text_of
 from serve_app.openai.blocks import Blocks
 from serve_app.openai.responses import sse
 
@@ -85,7 +85,7 @@ def input_messages(items) -> list[dict]:
             role = item.get("role")
             need(role in ("user", "system", "developer", "assistant"), f"{param}.role",
                  "must be user, system, developer or assistant")
-            msg = {"role": role, "content": text_of(item.get("content"), f"{param}.content", TEXT_KINDS)}
+            msg = {"role": role, "content": content_of(item.get("content"), f"{param}.content", TEXT_KINDS, MEDIA)}
             if role == "assistant" and reasoning:
                 msg["reasoning_content"], reasoning = reasoning, None
             out.append(msg)
@@ -115,6 +115,21 @@ def input_messages(items) -> list[dict]:
             need(False, f"{param}.type", f"input items of type {str(kind)[:40]!r} are not supported (message, "
                                          "function_call, function_call_output, reasoning)")
     return out
+
+
+def input_image(part: dict, param: str) -> dict:
+    need(part.get("file_id") is None, f"{param}.file_id", "files are not stored here: send `image_url` (a data: URL)")
+    return image_url_part(part.get("image_url"), f"{param}.image_url")
+
+
+def input_audio(part: dict, param: str) -> dict:
+    audio = of_type(part.get("input_audio"), dict, f"{param}.input_audio", "an object {data, format}")
+    return {"type": "input_audio", "input_audio": {
+        "data": of_type(audio.get("data"), str, f"{param}.input_audio.data", "a base64 string"),
+        "format": of_type(audio.get("format"), str, f"{param}.input_audio.format", "a string (wav)")}}
+
+
+MEDIA = {"input_image": input_image, "input_audio": input_audio}
 
 
 def tool(t, param: str) -> dict:

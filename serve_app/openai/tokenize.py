@@ -1,6 +1,7 @@
 """`POST /tokenize` and `POST /detokenize`, as vLLM has them: a prompt (`{model, prompt}`) or a chat (`{model,
 messages, tools, chat_template_kwargs, add_generation_prompt}`) becomes exactly the ids the engine would see
-(the same rendering, splits and schema rewrites as a chat completion), with `count` and `max_model_len`, and
+(the same rendering, splits and schema rewrites as a chat completion; an image or audio clip counted as its soft
+tokens, as transformers' processor expands it), with `count` and `max_model_len`, and
 `token_strs` when `return_token_strs`; `{model, tokens}` becomes `{prompt}`. The replica does the work
 (`serve_app.replica.prepare.tokenize` / `detokenize`); a bad field is a 400 naming it."""
 
@@ -10,6 +11,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from serve_app.events import GenerateRequest
 from serve_app.openai import protocol_tools as T
+from serve_app.openai.media_parts import media_of
 from serve_app.openai.protocol import STRICT, ChatMessage, utf8
 from serve_app.openai.schema_render import tool_for_template
 
@@ -43,7 +45,8 @@ class TokenizeRequest(BaseModel):
             req = GenerateRequest("chat", messages=T.history(self.messages),
                                   tools=tuple(tool_for_template(t.model_dump(exclude_none=True))
                                               for t in self.tools or ()),
-                                  template_kwargs=(("enable_thinking", True),) if thinking else ())
+                                  template_kwargs=(("enable_thinking", True),) if thinking else (),
+                                  media=media_of(self.messages))
         return req, self.add_generation_prompt, self.add_special_tokens, self.return_token_strs
 
 

@@ -29,7 +29,7 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024  # an image of 20 MiB in base64, and the rest
 DEFAULT_MAX_HEADER_BYTES = 32 * 1024
 DEFAULT_BODY_TIMEOUT_S = 15.0
 

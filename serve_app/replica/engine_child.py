@@ -37,6 +37,7 @@ from serve_app.config import ModelSpec
 from serve_app.events import Failed, GenerateRequest
 from serve_app.replica import prepare
 from serve_app.replica.host import pin, watch_parent
+from serve_app.replica.media_inputs import MediaPolicy
 from serve_app.replica.pacing import Pacer
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def main(fd: int) -> int:
 class EngineChild:
     def __init__(self, conn, engine, spec: ModelSpec):
         self.conn, self.engine, self.spec = conn, engine, spec
+        self.media_policy = MediaPolicy.of(spec)  # where image / audio URLs may be fetched from
         self.send_lock = threading.Lock()
         self.rids: dict[int, int] = {}  # request id -> sequence id
         self.seqs: dict[int, tuple[int, object]] = {}  # sequence id -> (request id, sequence)
@@ -121,7 +123,7 @@ class EngineChild:
 
     def _add(self, rid: int, req: GenerateRequest) -> None:
         try:
-            seq, in_thought = prepare.new_sequence(self.engine, req)
+            seq, in_thought = prepare.new_sequence(self.engine, req, self.media_policy)
         except UserError as e:
             self.send(("refused", rid, Failed(400, str(e), e.code, e.param)))
             return
@@ -140,8 +142,12 @@ class EngineChild:
         """Tokenizer work for the replica (`prepare.tokenize` / `detokenize`), answered at once."""
         name, args = call
         try:
-            self.send(("reply", rid, {"tokenize": prepare.tokenize, "detokenize": prepare.detokenize}[name](
-                self.engine, *args)))
+            if name == "tokenize":
+                self.send(("reply", rid, prepare.tokenize(self.engine, *args, policy=self.media_policy)))
+            elif name == "detokenize":
+                self.send(("reply", rid, prepare.detokenize(self.engine, *args)))
+            else:
+                raise ValueError(f"no call {name!r}")
         except UserError as e:
             self.send(("refused", rid, Failed(400, str(e), e.code, e.param)))
         except Exception as e:  # ours: this call fails in shape, the process carries on

@@ -1,5 +1,6 @@
 """A request made ready for the engine (in the engine process, on its reader thread, off the engine
-thread): the prompt tokenized (a chat with its tools and template switches), its length checked, the
+thread): the prompt tokenized (a chat with its tools and template switches; its images and audio decoded,
+expanded into soft tokens by transformers' processor and encoded), its length checked, the
 grammar compiled against the model's tokenizer (a grammar it cannot serve is a 400 naming the request
 field), logprobs, and whether the text keeps control tokens for the router's parsers. Also the logprob
 entries streamed back, token text included."""
@@ -11,31 +12,57 @@ import weakref
 from neuron_workers.engine.params import SamplingParams
 from neuron_workers.errors import ContextLengthError, UserError
 from serve_app.events import GenerateRequest
+from serve_app.replica.media_inputs import MediaPolicy, load_media
 from serve_app.replica.render import ends_in_thought, render
 
+NO_FETCH = MediaPolicy()  # data: URLs only
 _TEXTS: "weakref.WeakKeyDictionary[object, dict[int, str]]" = weakref.WeakKeyDictionary()
 
 
-def prompt_ids(engine, req: GenerateRequest, add_generation_prompt: bool = True,
-               add_special_tokens: bool = True) -> tuple[list[int], bool]:
-    """(the prompt's ids, whether it ends inside a thought channel), as the engine sees them."""
+def prompt_ids(engine, req: GenerateRequest, add_generation_prompt: bool = True, add_special_tokens: bool = True,
+               policy: MediaPolicy = NO_FETCH, encode: bool = True) -> tuple[list[int], bool, list]:
+    """(the prompt's ids, whether it ends inside a thought channel, its media items encoded for the engine), as the
+    engine sees them; `encode=False` expands the media placeholders without running the encoders (`/tokenize`)."""
     if req.kind == "chat":
-        check_text_length(engine, sum(len(m.get("content") or "") for m in req.messages), "messages")
+        check_text_length(engine, sum(text_chars(m.get("content")) for m in req.messages), "messages")
         text = render(engine, list(req.messages), list(req.tools) or None,
                       add_generation_prompt=add_generation_prompt, **dict(req.template_kwargs))
-        return engine.encode_rendered(text), ends_in_thought(text)
+        if req.media:
+            ids, items = media_prompt(engine, text, req.media, policy, encode)
+            return ids, ends_in_thought(text), items
+        return engine.encode_rendered(text), ends_in_thought(text), []
     if isinstance(req.prompt, str):
         check_text_length(engine, len(req.prompt), "prompt")
         if not add_special_tokens:
-            return engine.encode_rendered(req.prompt), False
-        return engine.encode(req.prompt), False
-    return list(req.prompt), False
+            return engine.encode_rendered(req.prompt), False, []
+        return engine.encode(req.prompt), False, []
+    return list(req.prompt), False, []
+
+
+def text_chars(content) -> int:
+    if isinstance(content, list):
+        return sum(len(item.get("text", "")) for item in content)
+    return len(content or "")
+
+
+def media_prompt(engine, text: str, parts, policy: MediaPolicy, encode: bool) -> tuple[list[int], list]:
+    """The rendered chat's ids with each image / audio placeholder expanded by transformers' processor, and (with
+    `encode`) the items encoded; a refusal names the part it is about (the whole `messages` when unclear)."""
+    images, audios = load_media(parts, engine.media, policy)
+    try:
+        if encode:
+            return engine.media.prepare(text, images, audios)
+        return engine.media.expand(text, images, audios), []
+    except UserError as e:
+        if e.param:
+            raise
+        raise UserError(str(e), param=parts[0].param if len(parts) == 1 else "messages") from None
 
 
 def tokenize(engine, req: GenerateRequest, add_generation_prompt: bool, add_special_tokens: bool,
-             return_strs: bool) -> dict:
-    """`POST /tokenize`'s answer (the router adds `max_model_len`)."""
-    ids, _ = prompt_ids(engine, req, add_generation_prompt, add_special_tokens)
+             return_strs: bool, policy: MediaPolicy = NO_FETCH) -> dict:
+    """`POST /tokenize`'s answer (the router adds `max_model_len`): an image or audio clip counts its soft tokens."""
+    ids, _, _ = prompt_ids(engine, req, add_generation_prompt, add_special_tokens, policy, encode=False)
     out = {"count": len(ids), "tokens": ids}
     if return_strs and engine.tokenizer is not None:
         out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)
@@ -51,14 +78,17 @@ def detokenize(engine, ids: list[int]) -> dict:
     return {"prompt": engine.tokenizer.decode(ids, skip_special_tokens=False)}
 
 
-def new_sequence(engine, req: GenerateRequest):
-    """Tokenize and validate: (a sequence ready for `engine.add`, whether its prompt ends inside a thought
-    channel). A UserError names the request field."""
-    ids, in_thought = prompt_ids(engine, req)
+def new_sequence(engine, req: GenerateRequest, policy: MediaPolicy = NO_FETCH):
+    """Tokenize, decode and encode its media, and validate: (a sequence ready for `engine.add`, whether its prompt
+    ends inside a thought channel). A UserError names the request field."""
+    ids, in_thought, media = prompt_ids(engine, req, policy=policy)
     max_tokens = req.max_tokens or max(engine.max_context - len(ids), 1)
     sampling = {**engine.sampling_defaults, **dict(req.sampling)}
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=req.ignore_eos, **sampling)
-    return engine.new_sequence(ids, params, list(req.stop), **sequence_options(engine, req, in_thought)), in_thought
+    opts = sequence_options(engine, req, in_thought)
+    if media:
+        opts["media"] = media
+    return engine.new_sequence(ids, params, list(req.stop), **opts), in_thought
 
 
 def check_text_length(engine, chars: int, param: str) -> None:
