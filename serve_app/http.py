@@ -33,9 +33,7 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
 
 @api.exception_handler(RequestValidationError)
 async def _validation(request: Request, exc: RequestValidationError):
-    errors = exc.errors()
-    tagged = [e for e in errors if e.get("type") in ("union_tag_invalid", "union_tag_not_found")]
-    first = (tagged or errors or [{}])[0]  # an unknown content part type says so, not "should be a string"
+    first = _telling(exc.errors())
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid" or not loc and first.get("type") == "missing":
         return error(400, "the request body is not valid JSON", code="invalid_json")
@@ -50,6 +48,19 @@ async def _validation(request: Request, exc: RequestValidationError):
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "TextPart"}
+
+
+def _telling(errors: list[dict]) -> dict:
+    """The error to report: the first, unless it only says a union's first branch (`str`) did not match while
+    another branch went deeper (a content part of an unknown type, or missing a field, says so)."""
+    if not errors:
+        return {}
+    first = errors[0]
+    loc = first.get("loc", ())
+    if loc and loc[-1] in _TYPE_NAMES:
+        deeper = [e for e in errors[1:] if len(e.get("loc", ())) > len(loc)]
+        return deeper[0] if deeper else first
+    return first
 
 
 @api.exception_handler(bodies.BodyError)

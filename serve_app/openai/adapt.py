@@ -47,19 +47,23 @@ def text_of(content, param: str, kinds: tuple[str, ...]) -> str:
 def content_of(content, param: str, kinds: tuple[str, ...], media: dict) -> str | list[dict]:
     """A content field as chat content: a string, or, when it holds media parts (`media`: part type -> function
     (part, param) -> the chat part), a list of chat parts (text, image_url, input_audio) in order."""
-    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") in media for p in content):
+    if not isinstance(content, list) or not any(isinstance(p, dict) and _kind(p) in media for p in content):
         return text_of(content, param, kinds)
     out = []
     for j, part in enumerate(content):
         at = f"{param}[{j}]"
         need(isinstance(part, dict), at, "must be an object")
-        if part.get("type") in media:
+        if _kind(part) in media:
             out.append(media[part["type"]](part, at))
         else:
             need(part.get("type") in kinds, f"{at}.type", f"content parts of type {str(part.get('type'))[:40]!r} are "
                                                           f"not supported ({', '.join(kinds + tuple(media))})")
             out.append({"type": "text", "text": of_type(part.get("text"), str, f"{at}.text", "a string")})
     return out
+
+
+def _kind(part: dict) -> str | None:
+    return part["type"] if isinstance(part.get("type"), str) else None
 
 
 def image_url_part(url, param: str) -> dict:

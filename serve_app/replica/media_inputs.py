@@ -18,8 +18,6 @@ import urllib.request
 import wave
 from dataclasses import dataclass
 
-import numpy as np
-
 from neuron_workers.errors import UserError
 from serve_app.openai.media_parts import MAX_MEDIA_BYTES
 
@@ -99,8 +97,10 @@ def decode_image(data: bytes, param: str, max_pixels: int):
     return im
 
 
-def decode_wav(data: bytes, param: str, max_seconds: float, rate: int) -> np.ndarray:
-    """float32 mono samples at `rate` of a PCM wav file; refused when longer than `max_seconds` or not PCM wav."""
+def decode_wav(data: bytes, param: str, max_seconds: float, rate: int):
+    """float32 mono samples at `rate` of a PCM wav file (a numpy array); refused when longer than `max_seconds` or
+    not PCM wav. numpy is imported here, not with the module: the engine process pins its CPUs after its imports,
+    and numpy's BLAS threads start at import."""
     try:
         with wave.open(io.BytesIO(data)) as w:
             channels, width, src_rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
@@ -114,11 +114,13 @@ def decode_wav(data: bytes, param: str, max_seconds: float, rate: int) -> np.nda
     samples = pcm_to_float(raw, width).reshape(-1, channels).mean(axis=1)
     if not len(samples):
         raise UserError("the audio has no samples", param=param)
-    return resample(samples, src_rate, rate).astype(np.float32)
+    return resample(samples, src_rate, rate).astype("float32")
 
 
-def pcm_to_float(raw: bytes, width: int) -> np.ndarray:
+def pcm_to_float(raw: bytes, width: int):
     """Interleaved PCM samples of `width` bytes as float64 in [-1, 1)."""
+    import numpy as np
+
     n = len(raw) // width
     if width == 1:  # 8-bit wav is unsigned
         return (np.frombuffer(raw, np.uint8, n).astype(np.float64) - 128) / 128
@@ -132,8 +134,10 @@ def pcm_to_float(raw: bytes, width: int) -> np.ndarray:
     return np.frombuffer(raw, dtype, n).astype(np.float64) / float(np.iinfo(dtype).max + 1)
 
 
-def resample(x: np.ndarray, src: int, dst: int) -> np.ndarray:
+def resample(x, src: int, dst: int):
     """`x` at `src` Hz resampled to `dst` Hz by truncating / zero-padding its spectrum (band-limited)."""
+    import numpy as np
+
     if src == dst:
         return x
     n = max(int(round(len(x) * dst / src)), 1)

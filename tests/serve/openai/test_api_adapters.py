@@ -105,7 +105,8 @@ def test_messages_stop_sequence_is_reported():
 @pytest.mark.parametrize("extra,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": [{"type": "input_image"}]}, "input[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].image_url"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
