@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HEADERS_WITHIN_S = 0.25
+MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or audio clip, decoded (OpenAI's image limit is 20 MB)
 
 
 @dataclass(frozen=True, slots=True)

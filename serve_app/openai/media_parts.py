@@ -16,10 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.events import MediaPart
+from serve_app.events import MAX_MEDIA_BYTES, MediaPart
 from serve_app.openai.constraints import ConstraintError
 
-MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one item, decoded (OpenAI's image limit is 20 MB)
 MAX_MEDIA_ITEMS = 16  # images and audio clips in one request, together
 AUDIO_FORMATS = ("wav",)  # what the replica decodes (the standard library's `wave`; no mp3 decoder is installed)
 PARTS = ConfigDict(extra="ignore", strict=True)

@@ -19,7 +19,7 @@ import wave
 from dataclasses import dataclass
 
 from neuron_workers.errors import UserError
-from serve_app.openai.media_parts import MAX_MEDIA_BYTES
+from serve_app.events import MAX_MEDIA_BYTES
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
