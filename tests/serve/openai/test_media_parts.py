@@ -13,14 +13,16 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 
 from serve_app import http
+from serve_app.events import MAX_MEDIA_BYTES
 from serve_app.openai import anthropic_api as AA
 from serve_app.openai import bodies
 from serve_app.openai import responses_api as RA
 from serve_app.openai.constraints import ConstraintError
-from serve_app.openai.media_parts import MAX_MEDIA_BYTES, MAX_MEDIA_ITEMS
+from serve_app.openai.media_parts import MAX_MEDIA_ITEMS
 from serve_app.openai.protocol import ChatRequest
 
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR42mO8o6HBwMDAxMDAwMDAAAAO7gEwnuiAAQAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR42mO8o6HBwMDAxMDAwMDAAAAO7gEwnuiAAQA"
+                       "AAABJRU5ErkJggg==")  # a 2 x 2 PNG
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()}}
 AUDIO = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF0000WAVE").decode(), "format": "wav"}}
 
