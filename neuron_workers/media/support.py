@@ -78,8 +78,9 @@ class MediaSupport:
             if items and kind not in self.modalities:
                 raise UserError(f"this model takes no {kind} input")
             if text.count(self.placeholder(kind)) != len(items) if kind in self.modalities else False:
-                raise UserError(f"the prompt has {text.count(self.placeholder(kind))} {kind} placeholders for "
-                                f"{len(items)} {kind} items")
+                raise UserError(f"the chat template wrote {text.count(self.placeholder(kind))} {kind} placeholders "
+                                f"for {len(items)} {kind} items (a template may leave out media in some messages, "
+                                "such as tool results; a text part may not spell a placeholder)")
         for im in images:
             if im.width * im.height > MAX_PIXELS:
                 raise UserError(f"an image of {im.width}x{im.height} pixels is larger than {MAX_PIXELS} pixels")

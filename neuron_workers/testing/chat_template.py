@@ -12,8 +12,11 @@ tests/serve/openai/test_chat_template.py), in three versions:
   an assistant turn's text after its tool responses closes the turn.
 
 Values use Gemma's own syntax: bare keys in `dictsort` order (case-insensitive), strings between `<|"|>`,
-types upper-cased in declarations. Our code, not a copy: the macros are organised differently and render
-only what a text model sees (no image / audio / video placeholders).
+types upper-cased in declarations. Media items of a content list render as the published templates write them:
+`<|image|>` / `<|audio|>` / `<|video|>` in place, between the text items (07-09: types `image` / `image_url`,
+`audio` / `input_audio`, and after a tool response's block too; April: `image` / `audio`, none in tool responses;
+every version: none in the first system message, whose items render their text only). Our code, not a copy: the
+macros are organised differently.
 """
 
 from __future__ import annotations
@@ -101,10 +104,20 @@ _TURNS = """
   {%- for part in text.split('<channel|>') -%}{%- set kept.s = kept.s ~ part.split('<|channel>')[0] -%}{%- endfor -%}
   {{- kept.s | trim -}}
 {%- endmacro -%}
+{%- macro placeholder(p) -%}
+  {%- if p.get('type') in IMAGE_TYPES -%}<|image|>
+  {%- elif p.get('type') in AUDIO_TYPES -%}<|audio|>
+  {%- elif p.get('type') == 'video' -%}<|video|>
+  {%- endif -%}
+{%- endmacro -%}
 {%- macro text_of(content, model) -%}
   {%- if content is string -%}{{ unthought(content) if model else content | trim }}
   {%- elif content is sequence -%}
-    {%- for p in content if p.get('type') == 'text' -%}{{ unthought(p['text']) if model else p['text'] | trim }}{%- endfor -%}
+    {%- for p in content -%}
+      {%- if p.get('type') == 'text' -%}{{ unthought(p['text']) if model else p['text'] | trim }}
+      {%- else -%}{{ placeholder(p) }}
+      {%- endif -%}
+    {%- endfor -%}
   {%- endif -%}
 {%- endmacro -%}
 {%- macro response(name, body) -%}<|tool_response>response:{{ name ~ '{' }}
@@ -161,6 +174,7 @@ _BODY = """
         {%- set body = r.get('content') -%}
         {%- set parts = body is sequence and body is not string and body is not mapping -%}
         {{- response(who.name, tool_text(body) if parts else body) -}}
+        {%- if parts and TOOL_MEDIA -%}{%- for p in body -%}{{ placeholder(p) }}{%- endfor -%}{%- endif -%}
         {%- set answered.any = true -%}{%- set st.last = 'response' -%}
       {%- endif -%}
     {%- endfor -%}
@@ -186,9 +200,11 @@ VARIANTS = {
     "0709": {"NULL": "'null'", "REPLAY": "i > st.last_user or (preserve_thinking | default(false) and calls)",
              "CONTINUES": "role == 'model' and after.role == 'assistant' and (not calls or answered.any)",
              "CLOSE_EXCEPT": "answered.any and not said | trim and after.role is none",
-             "EMPTY_THOUGHT": "false", "OPEN_THOUGHT": "true"},
+             "EMPTY_THOUGHT": "false", "OPEN_THOUGHT": "true", "IMAGE_TYPES": "['image', 'image_url']",
+             "AUDIO_TYPES": "['audio', 'input_audio']", "TOOL_MEDIA": "true"},
     "april": {"NULL": "'None'", "REPLAY": "i > st.last_user and calls", "CONTINUES": "false",
-              "CLOSE_EXCEPT": "answered.any and not said | trim", "EMPTY_THOUGHT": "true", "OPEN_THOUGHT": "false"},
+              "CLOSE_EXCEPT": "answered.any and not said | trim", "EMPTY_THOUGHT": "true", "OPEN_THOUGHT": "false",
+              "IMAGE_TYPES": "['image']", "AUDIO_TYPES": "['audio']", "TOOL_MEDIA": "false"},
 }
 VARIANTS["0709-31b"] = {**VARIANTS["0709"], "EMPTY_THOUGHT": "true"}
 
@@ -196,8 +212,9 @@ VARIANTS["0709-31b"] = {**VARIANTS["0709"], "EMPTY_THOUGHT": "true"}
 def chat_template(variant: str = "0709") -> str:
     """The Jinja source of one version (a key of VARIANTS)."""
     v = VARIANTS[variant]
-    body = _BODY
-    for name in ("REPLAY", "CONTINUES", "CLOSE_EXCEPT", "EMPTY_THOUGHT", "OPEN_THOUGHT"):
+    body = _TURNS + _BODY
+    for name in ("REPLAY", "CONTINUES", "CLOSE_EXCEPT", "EMPTY_THOUGHT", "OPEN_THOUGHT", "IMAGE_TYPES", "AUDIO_TYPES",
+                 "TOOL_MEDIA"):
         body = body.replace(name, v[name])
-    source = "{%- set NULL = " + v["NULL"] + " -%}" + _VALUE + _PROPS + _TURNS + body
+    source = "{%- set NULL = " + v["NULL"] + " -%}" + _VALUE + _PROPS + body
     return "".join(line.strip() for line in source.split("\n"))  # newlines in the output are all explicit

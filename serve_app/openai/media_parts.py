@@ -59,9 +59,9 @@ def media_of(messages) -> tuple[MediaPart, ...]:
     for i, m in enumerate(messages):
         for j, p in enumerate(m.content if isinstance(m.content, list) else ()):
             if isinstance(p, (ImageURLPart, InputAudioPart)):
-                if m.role in ("assistant", "model"):
-                    raise ConstraintError(f"messages.{i}.content.{j}", "images and audio go in user, system or tool "
-                                                                       "messages, not in an assistant's")
+                if m.role not in ("user", "tool"):
+                    raise ConstraintError(f"messages.{i}.content.{j}", "images and audio go in user or tool messages, "
+                                                                       f"not in the {m.role} message")
                 out.append(part(p, f"messages.{i}.content.{j}"))
     if len(out) > MAX_MEDIA_ITEMS:
         raise ConstraintError("messages", f"a request takes at most {MAX_MEDIA_ITEMS} images and audio clips, got "

@@ -24,6 +24,7 @@ CALL2 = {"id": "call_2", "type": "function", "function": {"name": "get_time",
                                                         "arguments": {"Zone": "CET", "abbr": True, "n": None,
                                                                       "x": [1, 2.5, {"b": "y"}]}}}
 USER = {"role": "user", "content": "What is the weather in Paris?"}
+IMAGE, AUDIO = {"type": "image"}, {"type": "audio"}
 
 CASES = {
     "plain": {"messages": [USER]},
@@ -91,4 +92,22 @@ CASES = {
                           "tools": [WEATHER], "enable_thinking": True, "preserve_thinking": True},
     "assistant_continues": {"messages": [USER, {"role": "assistant", "content": "One."},
                                          {"role": "assistant", "content": "Two."}]},
+    # media items (what the serve side sends: {"type": "image"} / {"type": "audio"}; the OpenAI part types too)
+    "image_then_text": {"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": " What is it? "}]}]},
+    "text_then_image": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Look:  "}, IMAGE]}]},
+    "two_images_and_audio": {"messages": [{"role": "user", "content": [
+        IMAGE, {"type": "text", "text": "and"}, IMAGE, {"type": "text", "text": "then"}, AUDIO]}]},
+    "audio_only": {"messages": [{"role": "user", "content": [AUDIO]}]},
+    "openai_part_types": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}, {"type": "text", "text": "hear"},
+        {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}, {"type": "video"}]}]},
+    "system_parts_with_image": {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                                                         IMAGE]}, USER]},
+    "image_turn_then_text_turn": {"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "What?"}]},
+                                               {"role": "assistant", "content": "A cat."},
+                                               {"role": "user", "content": "Its colour?"}]},
+    "tool_response_with_image": {"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                                              {"role": "tool", "tool_call_id": "call_1", "content": [
+                                                  {"type": "text", "text": "Sunny, radar:"}, IMAGE]}],
+                                 "tools": [WEATHER]},
 }

@@ -87,7 +87,9 @@ def test_limits_items_bytes_and_roles():
     param, message = refusal(chat(user(big)))
     assert param == "messages.0.content.0.image_url" and "larger than 20 MiB" in message
     param, message = refusal(chat(user({"type": "text", "text": "hi"}), {"role": "assistant", "content": [IMAGE]}))
-    assert param == "messages.1.content.0" and "not in an assistant's" in message
+    assert param == "messages.1.content.0" and "not in the assistant message" in message
+    param, message = refusal(chat({"role": "system", "content": [IMAGE]}, user({"type": "text", "text": "hi"})))
+    assert param == "messages.0.content.0" and "user or tool messages" in message
 
 
 def test_responses_input_image_and_audio_map_to_chat_parts():
