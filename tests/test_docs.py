@@ -56,6 +56,14 @@ COMMANDS = {
         "tests/serve/test_serve_agentic.py::test_forced_tool_calls",
         "tests/test_docs.py::test_readme_requests_are_valid_api_requests",
     ],
+    'curl -s localhost:8000/v1/chat/completions -H \'Content-Type: application/json\' -d \'{"model": "gemma-'
+    '4-e2b-tiny", "max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": [{"type": '
+    '"text", "text": "What is in this image?"}, {"type": "image_url", "image_url": {"url": "data:image/pn'
+    'g;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR42mO8o6HBwMDAxMDAwMDAAAAO7gEwnuiAAQA'
+    'AAABJRU5ErkJggg=="}}]}]}\'': [
+        "tests/serve/test_serve_media.py::test_every_model_takes_an_image_and_audio_and_counts_their_tokens",
+        "tests/test_docs.py::test_readme_requests_are_valid_api_requests",
+    ],
 }
 
 
