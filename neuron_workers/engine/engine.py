@@ -162,7 +162,7 @@ class Engine(Texts, Prefills, Speculation):
             return None
         from neuron_workers.media.support import check_media
 
-        return check_media(prompt_ids, tuple(media), self.dims, prompt_logprobs, self.extend_t)
+        return check_media(prompt_ids, tuple(media), self.dims, prompt_logprobs, self.prefill_chunk)
 
     # --- scheduling ----------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -64,6 +64,8 @@ class Scheduler:
             slot, hit, entry, src = self.prefix.choose([] if scored else seq.keys, self.free_slots,
                                                        tuple(live.values())) \
                 if self.prefix else (self.free_slots[0], 0, None, None)
+            if hit and self._splits_a_block(seq, hit):
+                hit, entry, src = 0, None, None  # prefilled whole instead (the prefill graph holds the block)
             cost = self._piece(seq, hit)
             long = cost < len(seq.prompt_ids) - hit
             if work and (cost > budget or (long and chunked)):
@@ -74,6 +76,12 @@ class Scheduler:
             work.append((seq, cost))
             budget -= cost
         return work
+
+    def _splits_a_block(self, seq: Sequence, hit: int) -> bool:
+        """Whether reusing `hit` prompt tokens would leave a bidirectional block (the 12B's image) to an extend graph
+        that cannot hold it whole: the match ends inside it, or it is longer than the extend graph's T."""
+        return any(m.bidirectional and m.end > hit and (m.offset < hit or m.length > self.extend_t)
+                   for m in seq.media)
 
     def _unit(self, start: int) -> int:
         """The most prompt tokens one step prefills from `start`: a chunk (0: the whole prompt, with chunking

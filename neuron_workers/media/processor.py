@@ -1,7 +1,7 @@
 """transformers' own Gemma-4 processor for a checkpoint directory, built offline from its `processor_config.json`,
 its tokenizer and the PIL image processor (no torchvision: `Gemma4Processor` insists on a video processor, which
 is torchvision-only; videos are not served, so `_NoVideo` accepts none). The 12B's unified image processor is
-torchvision-only too: without torchvision a `gemma4_unified` checkpoint's processor takes audio alone."""
+torchvision-only too: without torchvision it is our torch-only port (`unified_image.py`)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,10 @@ def load_processor(model_dir: str | Path, model_type: str, tokenizer):
 
 
 def _unified_image_processor(image_cfg: dict):
-    """The unified image processor when torchvision is there (images and audio), else (None, audio only)."""
+    """transformers' unified image processor where torchvision is installed, else our torch-only port of it
+    (`unified_image.py`, equal bit for bit); images and audio either way."""
     try:
         from transformers.models.gemma4_unified.image_processing_gemma4_unified import Gemma4UnifiedImageProcessor
     except ImportError:
-        return None, frozenset({"audio"})
+        from neuron_workers.media.unified_image import UnifiedImageProcessor as Gemma4UnifiedImageProcessor
     return Gemma4UnifiedImageProcessor(**image_cfg), frozenset({"image", "audio"})

@@ -121,9 +121,10 @@ def load_media(info, tokenizer, dtype: torch.dtype) -> MediaSupport | None:
 
 def check_media(prompt_ids: list[int], media: tuple, dims, prompt_logprobs, unit: int = 0) -> list[int]:
     """Raise a UserError unless the items sit on soft tokens of the prompt, in order, without overlap, and each
-    bidirectional block fits one prefill piece (`unit` tokens, the chunk / extend T; 0: whole prompts); return the
-    prompt's prefix-reuse keys (`Sequence.keys`: an item's soft tokens negative; soft tokens outside any item keep
-    their id and are fed as pad, `Engine.new_sequence`)."""
+    bidirectional block fits one prefill piece (`unit` tokens, the prefill chunk; 0: whole prompts, and a reuse that
+    would split a block prefills the prompt whole instead, `Scheduler._splits_a_block`); return the prompt's
+    prefix-reuse keys (`Sequence.keys`: an item's soft tokens negative; soft tokens outside any item keep their id
+    and are fed as pad, `Engine.new_sequence`)."""
     keys, soft = list(prompt_ids), set(dims.media_ids)
     end = 0
     for m in media:

@@ -1,7 +1,7 @@
 """The 12B's images (`gemma4_unified`, `use_bidirectional_attention="vision"`): an image's soft tokens see each other
 on sliding layers (window AND (causal OR block), full layers causal: transformers' `create_masks_for_vision_model`,
-what its `generate` uses with a static cache). The unified image processor is torchvision-only, so the pixel patches
-here are made directly (what that processor returns: merged patches and their grid positions); a block longer
+what its `generate` uses with a static cache). The pixel patches here are made directly, of any grid (what the
+unified image processor returns: merged patches and their grid positions); a block longer
 than the window, whole prompts and chunked (a chunk never cuts a block), and turn 2 reusing the block's KV."""
 
 from __future__ import annotations
