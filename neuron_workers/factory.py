@@ -38,7 +38,7 @@ def build_engine(cfg: EngineConfig) -> Engine:
     check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx,
                              mtp=bool(cfg.draft_model))
     buckets = resolve_buckets(cfg.prefill_buckets, ctx)
-    media = None if cfg.backend == "xla" else with_media(model)  # xla / neuron: the graph_model module takes none
+    media = with_media(model)  # before the backend: the prefill / extend graphs then take `mm_embeds`
     if cfg.backend == "xla":
         from neuron_workers.backends.xla import XlaBackend
 
@@ -67,7 +67,8 @@ def build_engine(cfg: EngineConfig) -> Engine:
 
 def with_media(model):
     """The checkpoint's `MediaSupport` (None: it takes no media); when there is one, `model.dims` names the media
-    soft tokens, so the prefill and extend graphs take `mm_embeds` (the cpu backends; xla and neuron run text)."""
+    soft tokens, so the prefill and extend graphs take `mm_embeds` (cpu, tp and xla; Neuron artifacts say whether
+    their build did, `artifacts.load`)."""
     import dataclasses
 
     from neuron_workers.media.support import load_media

@@ -81,7 +81,10 @@ class XlaBackend(GraphBackend):
         self.module.per_position = spec.per_position  # which extend variant
         self.module.mixed = spec.phase == MIXED  # the mixed graph takes an extend graph's inputs
         self.module.hidden = spec.hidden  # the `_h` variants return the hidden state too
-        out = self.module(*inputs)
+        if spec.host_inputs and spec.host_inputs[-1].name == "mm_embeds":  # a media model's prefill / extend
+            out = self.module(*inputs[:-1], mm_embeds=inputs[-1])
+        else:
+            out = self.module(*inputs)
         return out if isinstance(out, tuple) else (out,)
 
     def attach_drafter(self, assistant) -> None:

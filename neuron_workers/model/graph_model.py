@@ -208,31 +208,33 @@ def draft_call(inputs, ple: bool) -> tuple[tuple, dict]:
     return (ids, positions, *placeholder, mask_full, mask_sliding), {"hidden": hidden}
 
 
-def _phase_inputs(host: list, last_idx, index, slot) -> tuple[list, str]:
-    """decode: no last_idx; prefill: last_idx, ring_idx (`index`), slot; extend: last_idx, slots (`index`)."""
+def _phase_inputs(host: list, last_idx, index, slot, mm_embeds=None) -> tuple[list, str]:
+    """decode: no last_idx; prefill: last_idx, ring_idx (`index`), slot; extend: last_idx, slots (`index`); then
+    `mm_embeds` where the model serves media (a keyword: the prefill and extend graphs' last input)."""
+    media = [] if mm_embeds is None else [mm_embeds]
     if last_idx is None:
         return host, DECODE
     if slot is None:
-        return host + [last_idx, index], EXTEND
-    return host + [last_idx, index, slot], PREFILL
+        return host + [last_idx, index] + media, EXTEND
+    return host + [last_idx, index, slot] + media, PREFILL
 
 
 class NeuronGraphPle(NeuronGraphModel):
     def forward(self, input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding, last_idx=None,
-                index=None, slot=None, hidden=None):
+                index=None, slot=None, hidden=None, mm_embeds=None):
         if hidden is not None:  # draft: per_layer_inputs is a placeholder (`draft_call`)
             return self.step([input_ids, hidden, position_ids, mask_full, mask_sliding], DRAFT)
         host = [input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding]
-        return self.step(*_phase_inputs(host, last_idx, index, slot))
+        return self.step(*_phase_inputs(host, last_idx, index, slot, mm_embeds))
 
 
 class NeuronGraphNoPle(NeuronGraphModel):
     def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, index=None, slot=None,
-                hidden=None):
+                hidden=None, mm_embeds=None):
         if hidden is not None:  # draft
             return self.step([input_ids, hidden, position_ids, mask_full, mask_sliding], DRAFT)
         host = [input_ids, position_ids, mask_full, mask_sliding]
-        return self.step(*_phase_inputs(host, last_idx, index, slot))
+        return self.step(*_phase_inputs(host, last_idx, index, slot, mm_embeds))
 
 
 def graph_model(hf_lm, dims, max_context, max_batch, dtype, kv_heads=None) -> NeuronGraphModel:
