@@ -12,6 +12,7 @@ and is tested without Neuron hardware."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from contextlib import contextmanager, nullcontext
@@ -57,6 +58,13 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
              f"{time.perf_counter() - t0:.1f}s; graphs: prefill {list(buckets)} + decode"
              f"{f' + extend 1x{chunk} (prefill_chunk)' if chunk else ''}, context {ctx}, tp {tp}, batch {batch}")
     drafter = load_drafter(cfg, loaded, ctx, progress) if cfg.draft_model else None
+    from neuron_workers.media.support import served_media_ids
+
+    media_ids = served_media_ids(loaded.info) if backend == "neuron" else ()
+    if media_ids:  # the prefill / extend graphs take the media embeddings too (`mm_embeds`)
+        loaded.dims = dataclasses.replace(loaded.dims, media_ids=media_ids)
+        progress(f"images / audio: the prefill and extend graphs take mm_embeds (soft tokens {list(media_ids)}); "
+                 "the encoders run on the host (docs/media.md)")
     out.mkdir(parents=True, exist_ok=True)
     extend = []
     if backend == "cpu":
@@ -72,7 +80,8 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
     manifest = Manifest(backend, config_hash(loaded.info.text_config), loaded.info.model_type, tp, batch, ctx,
                         list(buckets), dtype, flags, installed_versions(backend), graphs,
                         extend_graphs=[list(s) for s in extend], extend_buckets=[chunk] if chunk else [],
-                        drafter=drafter_facts(drafter.info) if drafter is not None else {})
+                        drafter=drafter_facts(drafter.info) if drafter is not None else {},
+                        media_ids=list(media_ids))
     manifest.write(out)
     progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
     return manifest

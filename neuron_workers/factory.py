@@ -94,6 +94,10 @@ def _from_artifacts(cfg: EngineConfig) -> Engine:
                                  mtp=True)
     engine = Engine(model, backend, prefill_chunk=0 if cfg.prefill_chunk == 0 else built,
                     prefix_cache=cfg.prefix_cache, extend_t=built, speculative_tokens=speculative_tokens(cfg))
+    if model.dims.media_ids:  # the build traced mm_embeds (`Manifest.media_ids`): the encoders run on the host
+        from neuron_workers.media.support import load_media
+
+        engine.media = load_media(model.info, model.tokenizer, model.dtype)
     if cfg.draft_model:
         attach_mtp(engine, cfg.draft_model, backend.dtype)
     return engine

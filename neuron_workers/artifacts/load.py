@@ -6,6 +6,7 @@ drafter (`draft_model`) the draft graph of that drafter (`manifest.check_drafter
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from neuron_workers.artifacts.manifest import Manifest, check_drafter, serving_chunk
@@ -23,6 +24,8 @@ def load_from_artifacts(cfg) -> tuple[LoadedModel, object]:
     manifest.check(loaded.info.text_config, tp=cfg.tp, max_context=cfg.max_context, max_batch=cfg.max_batch,
                    prefill_buckets=list(cfg.prefill_buckets) if cfg.prefill_buckets else None)
     chunks = serving_chunk(manifest, cfg.prefill_chunk, loaded.dims.ring_size(manifest.max_context))
+    if manifest.media_ids:  # the build's prefill / extend graphs take mm_embeds (`factory` loads the encoders)
+        loaded.dims = dataclasses.replace(loaded.dims, media_ids=tuple(manifest.media_ids))
     if cfg.draft_model:  # before the device loads: a drafter the artifacts lack is refused at once
         from neuron_workers.model.assistant import read_assistant_info
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
-from neuron_workers.model.graph_model import ID_DTYPE, draft_call
+from neuron_workers.model.graph_model import ID_DTYPE, draft_call, media_call
 from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, MIXED, PREFILL, GraphSpec
 
 INSTALL_HINT = ("the neuron backend needs the Neuron SDK 2.31 on an inf2 host: pip install --extra-index-url "
@@ -198,7 +198,8 @@ class NeuronBackend(NeuronSpecs):
             args, kwargs = draft_call(inputs, bool(self.dims.ple_dim))
             out = self.model.forward(*args, model_name=spec.tag, **kwargs)
         else:
-            out = self.model.forward(*inputs, model_name=spec.tag)
+            args, kwargs = media_call(spec, tuple(inputs))
+            out = self.model.forward(*args, model_name=spec.tag, **kwargs)
         if not isinstance(out, (tuple, list)):
             return out
         return out[0] if spec.num_heads == 1 else tuple(out[: spec.num_heads])

@@ -28,7 +28,13 @@ import torch
 from neuron_workers.backends.neuron import MODEL_FILE, WEIGHTS_DIR, NeuronSpecs, graph_flags, require_neuron
 from neuron_workers.backends.neuron_compile import CACHE_DIR, WORK_DIR, compile_graphs, risk_order
 from neuron_workers.errors import UserError
-from neuron_workers.model.graph_model import NeuronGraphModel, draft_call, graph_model, make_buffers_persistent
+from neuron_workers.model.graph_model import (
+    NeuronGraphModel,
+    draft_call,
+    graph_model,
+    make_buffers_persistent,
+    media_call,
+)
 from neuron_workers.model.spec import DRAFT, MIXED
 from neuron_workers.parallel.collectives import NxdCollectives
 
@@ -117,7 +123,8 @@ def trace_one(builder, model: NeuronGraphModel, spec, ple: bool) -> None:
         return
     model.candidates, model.per_position, model.hidden = spec.candidates, spec.per_position, spec.hidden
     model.mixed = spec.phase == MIXED  # the mixed graph takes an extend graph's inputs
-    builder.trace(args=zeros, tag=spec.tag)
+    args, kwargs = media_call(spec, zeros)
+    builder.trace(args=args, kwargs=kwargs, tag=spec.tag)
 
 
 def weight_layout() -> bool:

@@ -24,7 +24,7 @@ import torch
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
 from neuron_workers.model.dims import ModelDims
-from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model
+from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model, media_call
 from neuron_workers.model.spec import DRAFT, MIXED, GraphSpec
 
 INSTALL_HINT = ("the xla backend needs torch-xla (CPU device): pip install torch==2.9.0 torch-xla==2.9.0 "
@@ -81,10 +81,8 @@ class XlaBackend(GraphBackend):
         self.module.per_position = spec.per_position  # which extend variant
         self.module.mixed = spec.phase == MIXED  # the mixed graph takes an extend graph's inputs
         self.module.hidden = spec.hidden  # the `_h` variants return the hidden state too
-        if spec.host_inputs and spec.host_inputs[-1].name == "mm_embeds":  # a media model's prefill / extend
-            out = self.module(*inputs[:-1], mm_embeds=inputs[-1])
-        else:
-            out = self.module(*inputs)
+        args, kwargs = media_call(spec, inputs)  # a media model's prefill / extend take mm_embeds by keyword
+        out = self.module(*args, **kwargs)
         return out if isinstance(out, tuple) else (out,)
 
     def attach_drafter(self, assistant) -> None:

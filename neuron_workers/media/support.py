@@ -103,6 +103,20 @@ class MediaSupport:
         return MediaInput("audio", offset, embeds.to(self.dtype), digest, False)
 
 
+def served_media_ids(info) -> tuple[int, ...]:
+    """The soft-token ids (image, audio, video) of a checkpoint that serves media (its media weights and a
+    processor config are there), without loading anything; () for a text-only one. A build traces `mm_embeds`
+    for these (`compile build`), and serving from its artifacts loads the encoders."""
+    from pathlib import Path
+
+    from neuron_workers.model.loader import media_token_ids
+
+    if info.model_type not in ("gemma4", "gemma4_unified") or not has_media_weights(info.weight_files) or \
+            not (Path(info.model_dir) / "processor_config.json").is_file():
+        return ()
+    return media_token_ids(info)
+
+
 def load_media(info, tokenizer, dtype: torch.dtype) -> MediaSupport | None:
     """The checkpoint's MediaSupport, or None when it has no media weights or processor config."""
     if tokenizer is None or info.model_type not in ("gemma4", "gemma4_unified") or \

@@ -208,6 +208,14 @@ def draft_call(inputs, ple: bool) -> tuple[tuple, dict]:
     return (ids, positions, *placeholder, mask_full, mask_sliding), {"hidden": hidden}
 
 
+def media_call(spec, inputs: tuple) -> tuple[tuple, dict]:
+    """A graph's inputs as `forward` takes them: a media model's prefill / extend graphs take `mm_embeds`, their
+    last input, as a keyword (it follows the optional phase inputs)."""
+    if spec.host_inputs and spec.host_inputs[-1].name == "mm_embeds":
+        return tuple(inputs[:-1]), {"mm_embeds": inputs[-1]}
+    return tuple(inputs), {}
+
+
 def _phase_inputs(host: list, last_idx, index, slot, mm_embeds=None) -> tuple[list, str]:
     """decode: no last_idx; prefill: last_idx, ring_idx (`index`), slot; extend: last_idx, slots (`index`); then
     `mm_embeds` where the model serves media (a keyword: the prefill and extend graphs' last input)."""

@@ -28,8 +28,6 @@ the same graph, so the dependency stays live in the traced program.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -159,7 +157,8 @@ class GemmaGraph(nn.Module):
         h = self.model.embed_tokens(ids)
         if "mm_embeds" not in x:
             return h
-        soft = functools.reduce(torch.logical_or, [ids == t for t in self.dims.media_ids])
+        media = torch.tensor(self.dims.media_ids, dtype=ids.dtype, device=ids.device)  # ids' dtype: no s64 op
+        soft = (ids[..., None] == media).any(-1)
         return torch.where(soft[..., None], x["mm_embeds"].to(h.dtype), h)
 
     def _decoder(self, x: dict, cache) -> torch.Tensor:

@@ -46,10 +46,10 @@ def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
         if tag.startswith("decode"):  # ids, positions, per_layer_inputs, mask_full, mask_sliding: 3 rows
             assert dtypes == [torch.int32, torch.int32, torch.bfloat16, torch.bfloat16, torch.bfloat16]
             assert inputs[0][0] == (3, 1) and inputs[2][0] == (3, 1, 10, 8) and inputs[3][0] == (3, 1, 1, 64)
-        else:  # one prompt, + last_idx, ring_idx, slot
+        else:  # one prompt, + last_idx, ring_idx, slot, then mm_embeds (the checkpoint serves images and audio)
             s = int(tag.split("_")[1])
-            assert dtypes == [torch.int32, torch.int32] + [torch.bfloat16] * 3 + [torch.int32] * 3
-            assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8)
+            assert dtypes == [torch.int32, torch.int32] + [torch.bfloat16] * 3 + [torch.int32] * 3 + [torch.bfloat16]
+            assert inputs[0][0] == (1, s) and inputs[2][0] == (1, s, 10, 8) and inputs[-1][0] == (1, s, 64)
         assert all(written.values())  # every KV buffer replaced (the double checked each read its old value)
     # the riskiest graph first and alone, then the rest (2 at a time); the model holds them in trace order
     assert [t for t, _ in neuron_double_units.COMPILED][0] == "decode"
@@ -68,6 +68,7 @@ def test_neuron_build_contract_tp1(tiny_dirs, tmp_path):
     assert {b.shape[2] for b in bufs.values()} == {64, ring} and {b.shape[0] for b in bufs.values()} == {3}
     assert all(p.dtype == torch.bfloat16 for p in builder_model.parameters() if p.is_floating_point())
     assert m.backend == "neuron" and m.compiler_flags == flags and m.max_batch == 3
+    assert m.media_ids == list(load_model(tiny_dirs["gemma4-e2b-tiny"], with_weights=False).soft_ids)
     saved = load_file(str(tmp_path / "a" / "weights" / "tp0.safetensors"))
     assert "lm.model.rotary_emb.full_attention_inv_freq" in saved  # non-persistent buffers the trace reads
     tied = [k for k in ("lm.lm_head.weight", "lm.model.embed_tokens.weight") if k in saved]
@@ -232,8 +233,10 @@ def test_neuron_build_with_a_chunk_traces_loads_and_runs_the_extend_graphs(tiny_
         for tag in ("extend_1x16", "extend_1x16_logits"):
             _, _, inputs, written = traces[tag]
             assert [s for s, _ in inputs] == [(1, 16), (1, 16), (1, 16, 10, 8), (1, 1, 16, 64), (1, 1, 16, 32), (1,),
-                                              (1,)]  # ids, positions, PLE, masks (ring 16 + the chunk), last_idx, slots
-            assert [t for _, t in inputs] == [torch.int32] * 2 + [torch.bfloat16] * 3 + [torch.int32] * 2
+                                              (1,), (1, 16, 64)]
+            # ids, positions, PLE, masks (ring 16 + the chunk), last_idx, slots, mm_embeds (a media checkpoint)
+            assert [t for _, t in inputs] == [torch.int32] * 2 + [torch.bfloat16] * 3 + [torch.int32] * 2 + \
+                [torch.bfloat16]
             assert written and all(written.values())
         for tag in ("mixed_2x16", "mixed_2x16_logits"):  # the extend inputs over 2 + 16 tokens of one row
             _, _, inputs, written = traces[tag]
