@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+from neuron_workers.backends.neuron import force_sparse_gathers
 from neuron_workers.backends.neuron_build import check_traces
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model, make_buffers_persistent
@@ -195,6 +196,7 @@ def test_the_traced_module_takes_the_tied_embedding_once(tiny_dirs):
     module = graph_model(m.hf_lm, m.dims, 32, 2, torch.bfloat16)
     spec = make_spec(m.dims, DECODE, 2, 1, 32, torch.bfloat16, ID_DTYPE)
     with neuron_double.installed():
+        force_sparse_gathers()  # as a build does before it traces
         builder = neuron_double.ModelBuilder(module)
         builder.trace(args=tuple(t.zeros() for t in spec.host_inputs), tag="decode")
     shapes = {k: v.shape for k, v in module.state_dict().items()}
@@ -369,3 +371,39 @@ def test_the_draft_state_fallback_rewrites_one_entry_and_keeps_every_buffer(tiny
     monkeypatch.setenv("GEMMA4_DRAFT_STATE", "copy")
     with pytest.raises(UserError, match="GEMMA4_DRAFT_STATE"):
         draft_state()
+
+
+class Gathers(nn.Module):
+    """torch.gather over a [rows, 4] table (rows = the gathered dim), e.g. the ring write-back's flat view."""
+
+    kv_names: list = []
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.register_buffer("table", torch.arange(rows * 4, dtype=torch.float32).reshape(rows, 4))
+
+    def forward(self, idx):
+        return torch.gather(self.table, 0, idx)
+
+
+class NoGathers(nn.Module):
+    kv_names: list = []
+
+    def forward(self, x):
+        return x * 2
+
+
+def test_a_gather_at_real_width_is_refused_unless_the_build_forced_sparse_gathers():
+    """18,432 rows (E2B's ring write-back at B = 32) is under 10 x 8,192: a Neuron device would lower it densely
+    unless XLA_DENSE_GATHER_FACTOR=0 was set first, as `neuron.force_sparse_gathers` (every build) sets it."""
+    idx = torch.zeros(3, 4, dtype=torch.int64)
+    with neuron_double.installed():
+        with pytest.raises(neuron_double.DoubleRejects, match=r"g: 1 torch.gather over dims of \[18432\] elements"):
+            neuron_double.ModelBuilder(Gathers(18_432)).trace(args=(idx,), tag="g")
+        neuron_double.ModelBuilder(NoGathers()).trace(args=(torch.ones(4),), tag="plain")  # no gather: fine
+        neuron_double.ModelBuilder(Gathers(100_000)).trace(args=(idx,), tag="wide")  # past 81,920: sparse anyway
+        force_sparse_gathers()
+        neuron_double.ModelBuilder(Gathers(18_432)).trace(args=(idx,), tag="g")
+    with neuron_double.installed():  # each installation starts as a fresh process: the variable unset again
+        with pytest.raises(neuron_double.DoubleRejects, match="XLA_DENSE_GATHER_FACTOR=0"):
+            neuron_double.ModelBuilder(Gathers(18_432)).trace(args=(idx,), tag="g")

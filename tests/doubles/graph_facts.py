@@ -30,12 +30,13 @@ class _Outputs(nn.Module):
 def trace_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]]:
     """Export module(*args, **kwargs) and read off (per KV buffer: read / written / from its old value) and the
     names of the other tensors the forward reads (its weights, as a trace sees them)."""
-    uses, weights, _ = export_facts(module, args, kwargs)
+    uses, weights, _, _ = export_facts(module, args, kwargs)
     return uses, weights
 
 
-def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]]]:
-    """`trace_facts`, plus the shapes of the graph's outputs before the KV buffers (its heads)."""
+def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]], list]:
+    """`trace_facts`, plus the shapes of the graph's outputs before the KV buffers (its heads) and, per element
+    gather (`aten.gather`: what torch-xla lowers by `IsSparseGather`), the size of its gathered dim."""
     saved = {n: getattr(module, n) for n in module.kv_names}
     try:
         with torch.no_grad():
@@ -55,7 +56,17 @@ def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]
     weights = [p.removeprefix("m.") for p in sig.inputs_to_parameters.values()]
     weights += [b for b in by_buffer if b not in module.kv_names]
     heads = [tuple(o.meta["val"].shape) for o in outputs[: len(outputs) - len(module.kv_names)]]
-    return uses, weights, heads
+    return uses, weights, heads, gathered_dims(ep.graph)
+
+
+def gathered_dims(graph) -> list[int]:
+    """The gathered dim's size of every `torch.gather` in an exported graph (its input's size along `dim`)."""
+    out = []
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.gather.default:
+            shape, dim = n.args[0].meta["val"].shape, n.args[1]
+            out.append(int(shape[dim]))
+    return out
 
 
 def _ancestors(node) -> set:

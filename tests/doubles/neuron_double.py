@@ -24,6 +24,9 @@ as the NxD 0.18 source and torch-xla's documentation describe the real ones:
 - forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
   NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
   traced dtypes, after `set_weights` and `to_neuron`;
+- a torch.gather over at most 10 x XLA_DENSE_GATHER_FACTOR elements (81,920 by default) is refused at trace
+  unless the process set the factor to 0 first (`refuse_dense_gathers`: torch-xla lowers it densely on a Neuron
+  device); `installed()` starts with the variable unset, as a fresh process;
 - a graph keeps the module switches it was traced under (`candidates`, `per_position`, `hidden`, `mixed`: which
   decode or extend variant), as a compiled graph does.
 
@@ -35,6 +38,7 @@ torch.gather as the device computes it (`device_gather`: a CPU-kernel bug on int
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import types
 from contextlib import contextmanager
@@ -92,6 +96,22 @@ class FakeHlo:
         return self.text.encode()
 
 
+def refuse_dense_gathers(tag, gathered: list[int]) -> None:
+    """torch-xla 2.9 (`data_ops.cpp`, IsSparseGather) lowers a torch.gather whose gathered dim has at most
+    10 x XLA_DENSE_GATHER_FACTOR elements (default 8,192: 81,920) as a dense one-hot compare / select / reduce on a
+    NEURON device: at real width the ring write-back (18,432 rows on E2B) and the tiled top-K's ids. The factor is
+    read when the trace lowers its first gather, so a trace whose process has not set it to 0
+    (`neuron.force_sparse_gathers`, which builds call first) is refused here, naming the gathers."""
+    from compile.hlo import DEFAULT_DENSE_FACTOR
+
+    factor = int(os.environ.get("XLA_DENSE_GATHER_FACTOR", DEFAULT_DENSE_FACTOR))
+    dense = [n for n in gathered if n <= 10 * factor]
+    if dense:
+        raise DoubleRejects(f"{tag}: {len(dense)} torch.gather over dims of {sorted(set(dense))[:4]} elements would "
+                            f"lower densely on a Neuron device (<= 10 x XLA_DENSE_GATHER_FACTOR = {10 * factor:,}); "
+                            "a build sets XLA_DENSE_GATHER_FACTOR=0 first (neuron.force_sparse_gathers)")
+
+
 class ModelBuilder:
     def __init__(self, model, weights_to_skip_layout_optimization=None):
         self.model, self.trace_artifacts_collection, self.world_size = model, {}, STATE["tp"]
@@ -101,7 +121,8 @@ class ModelBuilder:
         if not isinstance(args, tuple) or not isinstance(kwargs or {}, dict):
             raise DoubleRejects("inputs must be a tuple of positional tensors (and a dict of keyword tensors)")
         names, given = provided(self.model, args, kwargs or {})
-        uses, weights, heads = export_facts(self.model, args, kwargs or {})
+        uses, weights, heads, gathered = export_facts(self.model, args, kwargs or {})
+        refuse_dense_gathers(tag, gathered)
         for name, u in uses.items():
             if u.written and not (u.read and u.from_old):
                 raise DoubleRejects(f"{tag}: buffer {name} is written without reading its old value: "
@@ -283,9 +304,13 @@ def installed():
             "torch_neuronx.xla_impl.ops": ops}
     saved = {k: sys.modules.get(k) for k in mods}
     sys.modules.update(mods)
+    dense_factor = os.environ.pop("XLA_DENSE_GATHER_FACTOR", None)  # a fresh process's: unset until a build sets it
     try:
         yield CALLS
     finally:
+        os.environ.pop("XLA_DENSE_GATHER_FACTOR", None)
+        if dense_factor is not None:
+            os.environ["XLA_DENSE_GATHER_FACTOR"] = dense_factor
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
