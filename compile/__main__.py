@@ -69,6 +69,8 @@ def parse(argv):
                                                      "256, when the sliding ring holds it; 0: none)")
     b.add_argument("--num-speculative-tokens", type=int,
                    help="neuron: also build the verify graph of speculative decoding (ngram) for K drafts a step")
+    b.add_argument("--prefix-windows", type=int, help="neuron: kept sliding windows (prefix reuse past the rings; "
+                                                      "their pool and save / restore / clone graphs; default 0)")
     b.add_argument("--draft-model", help="neuron: build the draft graph of this MTP drafter (a gemma4_assistant "
                                          "checkpoint) and the candidate graphs' _h variants")
     b.add_argument("--cores", help="NeuronCores the build may use, e.g. 2-3 (default: NEURON_RT_VISIBLE_CORES "
@@ -122,7 +124,7 @@ def _build(args) -> int:
                            max_batch=args.batch, prefill_chunk=args.prefill_chunk,
                            speculative_method="ngram" if args.num_speculative_tokens and not args.draft_model
                            else None, num_speculative_tokens=args.num_speculative_tokens or None,
-                           draft_model=args.draft_model)
+                           draft_model=args.draft_model, prefix_windows=args.prefix_windows)
         hint = "run `python -m compile " + " ".join(shlex.quote(a) for a in args.argv) + "` again"
         build(cfg, progress=lambda m: print(m, flush=True), jobs=args.jobs, cores=args.cores, resume_hint=hint)
         return 0

@@ -19,7 +19,13 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from neuron_workers.artifacts.manifest import Manifest, config_hash, drafter_facts, installed_versions
-from neuron_workers.config import EngineConfig, resolve_context, resolve_prefill_chunk, speculative_tokens
+from neuron_workers.config import (
+    EngineConfig,
+    prefix_windows,
+    resolve_context,
+    resolve_prefill_chunk,
+    speculative_tokens,
+)
 from neuron_workers.errors import UserError
 from neuron_workers.factory import resolve_buckets
 from neuron_workers.model.loader import DTYPES, load_model
@@ -66,14 +72,16 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
         progress(f"images / audio: the prefill and extend graphs take mm_embeds (soft tokens {list(media_ids)}); "
                  "the encoders run on the host (docs/media.md)")
     out.mkdir(parents=True, exist_ok=True)
-    extend = []
+    extend, windows = [], 0
     if backend == "cpu":
         graphs, flags = _build_cpu(loaded, tp, batch, ctx, buckets, out, progress), {}
     elif backend == "neuron":
         from neuron_workers.backends.neuron_build import build_neuron
 
         extend = extend_shapes(batch, chunk, speculative_tokens(cfg))
-        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend, drafter)
+        windows = prefix_windows(cfg) if chunk or cfg.prefix_cache else 0
+        flags = build_neuron(loaded, tp, batch, ctx, buckets, out, progress, jobs, resume_hint, extend, drafter,
+                             windows)
         graphs = {tag: "nxd_model.pt" for tag in flags}
     else:
         raise UserError(f"compile build does not build for the {backend} backend", param="backend")
@@ -81,7 +89,7 @@ def _build(cfg: EngineConfig, progress, jobs: int, resume_hint: str = "") -> Man
                         list(buckets), dtype, flags, installed_versions(backend), graphs,
                         extend_graphs=[list(s) for s in extend], extend_buckets=[chunk] if chunk else [],
                         drafter=drafter_facts(drafter.info) if drafter is not None else {},
-                        media_ids=list(media_ids))
+                        media_ids=list(media_ids), prefix_windows=windows)
     manifest.write(out)
     progress(f"wrote {out / 'manifest.json'} ({len(graphs)} graphs) in {time.perf_counter() - t0:.1f}s")
     return manifest

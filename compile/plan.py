@@ -339,7 +339,7 @@ def format_plan(p: Plan) -> str:
              f"  device -> host per decode step: {p.decode_out_candidates / 1024:.1f} KiB (top-K candidates; "
              f"{p.decode_out_logits / 2**20:.1f} MiB when a row needs the full logits)",
              f"  largest max_context that fits: {p.largest_context if p.largest_context else 'none'}",
-             f"  kept sliding windows (prefix_windows; the cpu backend keeps them, a neuron build not yet): "
+             f"  kept sliding windows (compile build --prefix-windows N; the cpu backend keeps 2 a slot): "
              f"{p.window_per_core / 2**20:.1f} MiB each per core; "
              f"{max(0, p.hbm_per_core - p.total_per_core) // max(p.window_per_core, 1)} would fit beside the above "
              f"(2 a slot: {2 * p.batch * p.window_per_core / GIB:.2f} GiB)"]

@@ -43,8 +43,8 @@ class EngineConfig:
     prefix_cache: bool = True  # a finished sequence's slot keeps its KV; a prompt sharing its prefix prefills the
     # rest only (engine/prefix_cache.py; needs an extend graph: off for artifacts built without one)
     prefix_windows: int | None = None  # sliding windows kept for prefix reuse past the rings' slack
-    # (engine/prefix_windows.py); None: 2 per KV slot on cpu (tp too), 0 (off) on xla and neuron, which do not
-    # build the copies yet; 0: off
+    # (engine/prefix_windows.py); None: 2 per KV slot on cpu (tp too), 0 (off) on xla; with artifacts, what the
+    # build's pool holds (`compile build --prefix-windows N` sizes it); 0: off
     speculative_method: str | None = None  # "ngram": prompt-lookup drafts verified by the extend graph
     num_speculative_tokens: int | None = None  # drafts per row and step (default 4 with a method; <= ring slack)
     draft_model: str | None = None  # a gemma4_assistant (12B: gemma4_unified_assistant) checkpoint: MTP drafts
@@ -66,9 +66,7 @@ class EngineConfig:
         if self.prefix_windows is not None and (not isinstance(self.prefix_windows, int) or self.prefix_windows < 0):
             raise UserError(f"prefix_windows must be an integer >= 0, got {self.prefix_windows!r}",
                             param="prefix_windows")
-        if self.prefix_windows and self.backend != "cpu":
-            raise UserError(f"prefix_windows: the {self.backend} backend does not keep sliding windows yet (the "
-                            "cpu backend does, tp=2 included); set 0 or leave it out", param="prefix_windows")
+
         if self.max_context is not None and self.max_context < 2:
             raise UserError(f"max_context must be >= 2, got {self.max_context}", param="max_context")
         if self.prefill_buckets is not None:
@@ -125,7 +123,9 @@ def _check_speculative(method: str | None, k: int | None, draft_model: str | Non
 
 
 def prefix_windows(cfg: "EngineConfig") -> int:
-    """Kept sliding windows: the configured number, or 2 per KV slot on the cpu backend (0 elsewhere)."""
+    """Kept sliding windows: the configured number, or 2 per KV slot on the cpu backend (0 elsewhere: the xla twin
+    on request; a neuron build's pool is sized at build time, `compile build --prefix-windows N`, and serving its
+    artifacts keeps what the build holds, `artifacts.load`)."""
     if not cfg.prefix_cache:
         return 0
     if cfg.prefix_windows is not None:

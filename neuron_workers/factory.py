@@ -92,8 +92,11 @@ def _from_artifacts(cfg: EngineConfig) -> Engine:
         ctx = backend.max_context
         check_speculative_tokens(speculative_tokens(cfg), model.dims.ring_size(ctx), model.dims.sliding_window, ctx,
                                  mtp=True)
+    kept = getattr(backend, "windows", 0)  # a neuron build's pool (`compile build --prefix-windows N`)
+    windows = 0 if not cfg.prefix_cache else kept if cfg.prefix_windows is None else cfg.prefix_windows
     engine = Engine(model, backend, prefill_chunk=0 if cfg.prefill_chunk == 0 else built,
-                    prefix_cache=cfg.prefix_cache, extend_t=built, speculative_tokens=speculative_tokens(cfg))
+                    prefix_cache=cfg.prefix_cache, extend_t=built, speculative_tokens=speculative_tokens(cfg),
+                    prefix_windows=windows)
     if model.dims.media_ids:  # the build traced mm_embeds (`Manifest.media_ids`): the encoders run on the host
         from neuron_workers.media.support import load_media
 

@@ -62,6 +62,7 @@ class Manifest:
     extend_graphs: list[list] = field(default_factory=list)  # [rows, t, variant] of every extend graph built
     extend_buckets: list[int] = field(default_factory=list)  # T of the chunked-prefill graphs (extend_1xT, _logits)
     drafter: dict = field(default_factory=dict)  # the MTP drafter built in (`drafter_facts`); {}: none
+    prefix_windows: int = 0  # kept sliding windows the build's pool holds (the window graphs; 0: none built)
     media_ids: list[int] = field(default_factory=list)  # soft-token ids whose embeddings the prefill / extend
     # graphs take as `mm_embeds` (a build of a checkpoint that serves images / audio); []: text only
 

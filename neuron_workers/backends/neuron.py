@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
+from neuron_workers.model import window_graphs
 from neuron_workers.model.graph_model import ID_DTYPE, draft_call, media_call
 from neuron_workers.model.spec import DECODE, DRAFT, EXTEND, MIXED, PREFILL, GraphSpec
 
@@ -171,6 +172,7 @@ class NeuronBackend(NeuronSpecs):
         self.extend_shapes = [ExtendShape(*s) for s in manifest.extend_graphs]
         self.graphs = set(manifest.graphs)  # the tags built (Manifest.check: every bucket and both decodes)
         self.hidden_states = bool(manifest.drafter)  # built with a drafter: the `_h` candidate graphs, `draft`
+        self.windows = manifest.prefix_windows  # kept sliding windows the build's pool holds (its window graphs)
         self.extend_buckets = check_extend(self, self.graphs, self.extend_shapes, manifest.extend_buckets)
         # artifacts built before the mixed graphs existed: a chunk step runs decode, then extend
         self.mixed_steps = all(s in self.extend_shapes for t in self.extend_buckets
@@ -204,6 +206,25 @@ class NeuronBackend(NeuronSpecs):
             return out
         return out[0] if spec.num_heads == 1 else tuple(out[: spec.num_heads])
 
+    def make_window_pool(self, entries: int) -> None:
+        """The pool is the build's (`compile build --prefix-windows N`: module state of that size)."""
+        if entries != self.windows:
+            raise UserError(f"prefix_windows {entries}: these artifacts keep {self.windows} sliding windows (rebuild "
+                            f"with `compile build --prefix-windows {entries}`, or serve {self.windows})",
+                            param="prefix_windows")
+
+    def save_window(self, slot: int, entry: int, start: int) -> None:
+        self._window(window_graphs.SAVE, slot, entry, start)
+
+    def restore_window(self, slot: int, entry: int, start: int) -> None:
+        self._window(window_graphs.RESTORE, slot, entry, start)
+
+    def clone_slot(self, src: int, dst: int, n: int) -> None:
+        self._window(window_graphs.CLONE, src, dst)  # the whole slot (`window_graphs`: a superset of n positions)
+
+    def _window(self, phase: str, *ints: int) -> None:
+        self.model.forward(model_name=phase, **window_graphs.inputs(phase, *ints))
+
     def attach_drafter(self, assistant) -> None:
         """The drafter's weights are in the artifacts (`compile build --draft-model`; `artifacts.load` checked that
         they are this drafter's): nothing to load, only to refuse artifacts built without one."""
@@ -224,6 +245,8 @@ class NeuronBackend(NeuronSpecs):
         position 0 of slot 0, which the first prefill or chunk into that slot rewrites; the draft writes none)."""
         for spec in self.graph_specs(self.extend_shapes):
             self._run(spec, tuple(t.zeros() for t in spec.host_inputs))
+        for phase in window_graphs.INPUTS if self.windows else ():  # slot 0 / entry 0: rewritten before use
+            self._window(phase, *[0] * len(window_graphs.INPUTS[phase]))
 
     def close(self) -> None:
         self.model = None

@@ -25,9 +25,17 @@ from pathlib import Path
 
 import torch
 
-from neuron_workers.backends.neuron import MODEL_FILE, WEIGHTS_DIR, NeuronSpecs, graph_flags, require_neuron
+from neuron_workers.backends.neuron import (
+    MODEL_FILE,
+    PHASE_FLAGS,
+    WEIGHTS_DIR,
+    NeuronSpecs,
+    graph_flags,
+    require_neuron,
+)
 from neuron_workers.backends.neuron_compile import CACHE_DIR, WORK_DIR, compile_graphs, risk_order
 from neuron_workers.errors import UserError
+from neuron_workers.model import window_graphs
 from neuron_workers.model.graph_model import (
     NeuronGraphModel,
     draft_call,
@@ -35,7 +43,7 @@ from neuron_workers.model.graph_model import (
     make_buffers_persistent,
     media_call,
 )
-from neuron_workers.model.spec import DRAFT, MIXED
+from neuron_workers.model.spec import DECODE, DRAFT, MIXED
 from neuron_workers.parallel.collectives import NxdCollectives
 
 INPUT_STATE = "INPUT_STATE"  # metaneff_pb2.MetaTensor.Type name of aliased state inputs
@@ -43,10 +51,11 @@ EMBEDDING_KEYS = ("embed_tokens.weight", "lm_head.weight", "lm_head.embedding.we
 
 
 def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir: Path, progress,
-                 jobs: int = 1, resume_hint: str = "", extend=(), drafter=None) -> dict[str, str]:
-    """Trace the prefill `buckets`, both decodes, the `extend` shapes (`neuron.ExtendShape`s) and with a `drafter`
-    the draft graph, compile (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a retry) and
-    save; returns the compiler flags per graph tag."""
+                 jobs: int = 1, resume_hint: str = "", extend=(), drafter=None, windows: int = 0) -> dict[str, str]:
+    """Trace the prefill `buckets`, both decodes, the `extend` shapes (`neuron.ExtendShape`s), with a `drafter`
+    the draft graph and with `windows` kept sliding windows their pool (module state) and the three window graphs
+    (`model/window_graphs.py`), compile (`neuron_compile.compile_graphs`: riskiest graph first, NEFFs kept for a
+    retry) and save; returns the compiler flags per graph tag."""
     _, nxd = require_neuron()
     from safetensors.torch import save_file
 
@@ -71,17 +80,23 @@ def build_neuron(loaded, tp: int, batch: int, max_context: int, buckets, out_dir
             model.draft_state = draft_state()
             progress(f"draft graph state: {model.draft_state} (GEMMA4_DRAFT_STATE; `compile smoke` step `state`)")
         model.use_topk(neuron_topk)
+        pools = window_graphs.make_pool(model, windows) if windows else []  # state beside the KV, all graphs
         builder = nxd.ModelBuilder(model)
         for i, spec in enumerate(specs, 1):
             progress(f"[{i}/{len(specs)}] tracing {spec.tag}")
             trace_one(builder, model, spec, bool(dims.ple_dim))
+        for phase in window_graphs.INPUTS if windows else ():
+            progress(f"tracing {phase} ({windows} kept windows)")
+            builder.trace(args=(), kwargs=window_graphs.inputs(phase, *[0] * len(window_graphs.INPUTS[phase])),
+                          tag=phase)
         weights = [rank_state_dict(model, full, plan, r, drafter_plan) for r in range(tp)]
-        traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names))
+        traced = check_traces(builder.trace_artifacts_collection, set(weights[0]), set(model.kv_names), set(pools))
         copies = sorted(k for k in traced if k.endswith(EMBEDDING_KEYS) and not k.startswith("drafter."))
         if len(copies) > 1:  # compile plan counts one; graph_model.TiedHead is there to keep it one
             progress(f"warning: the traces take the tied embedding {len(copies)} times ({copies}): "
                      f"{len(copies) - 1} extra vocab x hidden copies of HBM per core that compile plan does not count")
         flags = {spec.tag: graph_flags(spec) for spec in specs}
+        flags.update({phase: PHASE_FLAGS[DECODE] for phase in window_graphs.INPUTS if windows})  # copies: latency
         progress(f"compiling {len(specs)} graphs with neuronx-cc: {risk_order(flags)[0]} first and alone, then "
                  f"{jobs} at a time (minutes to tens of minutes each; logs in {out_dir / WORK_DIR}, compiled graphs "
                  f"kept in {out_dir / CACHE_DIR}); {len(persistent)} non-persistent buffers saved")
@@ -170,8 +185,8 @@ def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan
 
     out = {}
     for key in model.state_dict():
-        if key in model.kv_names:
-            continue  # KV state starts at zero on the device
+        if key in model.kv_names or key in getattr(model, "pool_names", ()):
+            continue  # KV state (and the kept windows' pool) starts at zero on the device
         if key.startswith("drafter."):  # the MTP drafter's: layers sliced as `apply_tp_assistant` did, rest whole
             sub = key.removeprefix("drafter.")
             out[key] = shard_tensor(drafter_plan, sub, full[key], rank) if sub.startswith("model.layers.") \
@@ -186,10 +201,10 @@ def rank_state_dict(model: NeuronGraphModel, full: dict[str, torch.Tensor], plan
     return out
 
 
-def check_traces(artifacts: dict, saved: set[str], kv_names: set[str]) -> set[str]:
+def check_traces(artifacts: dict, saved: set[str], kv_names: set[str], pools: set[str] = frozenset()) -> set[str]:
     """Every weight a trace takes must be one we save, and every trace's state must be exactly the KV
-    buffers (a buffer a graph only writes is not linked as state). Returns the union of traced weights,
-    as dotted state-dict keys."""
+    buffers (a buffer a graph only writes is not linked as state), the window graphs' the KV buffers and the
+    window pool (`pools`). Returns the union of traced weights, as dotted state-dict keys."""
     traced: set[str] = set()
     for tag, art in artifacts.items():
         names = traced_weight_names(art)
@@ -198,9 +213,10 @@ def check_traces(artifacts: dict, saved: set[str], kv_names: set[str]) -> set[st
             raise UserError(f"graph {tag} takes weights we would not save: {missing[:5]}"
                             f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
         state = state_names(art.metaneff)
-        if state != kv_names:
+        want = kv_names | pools if tag in window_graphs.INPUTS else kv_names
+        if state != want:
             raise UserError(f"graph {tag}: its device state is not exactly the KV buffers (missing "
-                            f"{sorted(kv_names - state)[:4]}, extra {sorted(state - kv_names)[:4]})")
+                            f"{sorted(want - state)[:4]}, extra {sorted(state - want)[:4]})")
         traced |= names
     return traced
 

@@ -23,6 +23,7 @@ import torch
 
 from neuron_workers.backends.base import GraphBackend
 from neuron_workers.errors import UserError
+from neuron_workers.model import window_graphs
 from neuron_workers.model.dims import ModelDims
 from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model, media_call
 from neuron_workers.model.spec import DRAFT, MIXED, GraphSpec
@@ -84,6 +85,29 @@ class XlaBackend(GraphBackend):
         args, kwargs = media_call(spec, inputs)  # a media model's prefill / extend take mm_embeds by keyword
         out = self.module(*args, **kwargs)
         return out if isinstance(out, tuple) else (out,)
+
+    @torch.no_grad()
+    def make_window_pool(self, entries: int) -> None:
+        window_graphs.make_pool(self.module, entries)
+        self._xla.sync()
+
+    def save_window(self, slot: int, entry: int, start: int) -> None:
+        self._window(window_graphs.SAVE, slot, entry, start)
+
+    def restore_window(self, slot: int, entry: int, start: int) -> None:
+        self._window(window_graphs.RESTORE, slot, entry, start)
+
+    def clone_slot(self, src: int, dst: int, n: int) -> None:
+        self._window(window_graphs.CLONE, src, dst)  # the whole slot (`window_graphs`: a superset of n positions)
+
+    @torch.no_grad()
+    def _window(self, phase: str, *ints: int) -> None:
+        """One window graph (`model/window_graphs.py`) over the module's state, its indices int32 [1] inputs."""
+        before = self._compile_count()
+        self.module(**window_graphs.inputs(phase, *ints, device=self.device))  # as the traced graph is called
+        self._xla.sync()
+        self.compiles[phase] = self.compiles.get(phase, 0) + self._compile_count() - before
+        self.calls[phase] = self.calls.get(phase, 0) + 1
 
     def attach_drafter(self, assistant) -> None:
         self.module.attach(assistant.to(self.device))

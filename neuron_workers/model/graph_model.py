@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from neuron_workers.model import window_graphs
 from neuron_workers.model.dims import FULL, SLIDING
 from neuron_workers.model.graphs import GemmaGraph
 from neuron_workers.model.in_place import in_place_forward, in_place_ok
@@ -228,8 +229,13 @@ def _phase_inputs(host: list, last_idx, index, slot, mm_embeds=None) -> tuple[li
 
 
 class NeuronGraphPle(NeuronGraphModel):
-    def forward(self, input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding, last_idx=None,
-                index=None, slot=None, hidden=None, mm_embeds=None):
+    def forward(self, input_ids=None, position_ids=None, per_layer_inputs=None, mask_full=None, mask_sliding=None,
+                last_idx=None, index=None, slot=None, hidden=None, mm_embeds=None, save_slot=None, save_entry=None,
+                save_start=None, restore_slot=None, restore_entry=None, restore_start=None, clone_src=None,
+                clone_dst=None):
+        window = window_graphs.called(locals())
+        if window is not None:  # a kept-window graph (`window_graphs`): its keywords only
+            return window_graphs.run(self, window[0], *window[1])
         if hidden is not None:  # draft: per_layer_inputs is a placeholder (`draft_call`)
             return self.step([input_ids, hidden, position_ids, mask_full, mask_sliding], DRAFT)
         host = [input_ids, position_ids, per_layer_inputs, mask_full, mask_sliding]
@@ -237,8 +243,12 @@ class NeuronGraphPle(NeuronGraphModel):
 
 
 class NeuronGraphNoPle(NeuronGraphModel):
-    def forward(self, input_ids, position_ids, mask_full, mask_sliding, last_idx=None, index=None, slot=None,
-                hidden=None, mm_embeds=None):
+    def forward(self, input_ids=None, position_ids=None, mask_full=None, mask_sliding=None, last_idx=None, index=None,
+                slot=None, hidden=None, mm_embeds=None, save_slot=None, save_entry=None, save_start=None,
+                restore_slot=None, restore_entry=None, restore_start=None, clone_src=None, clone_dst=None):
+        window = window_graphs.called(locals())
+        if window is not None:  # a kept-window graph (`window_graphs`): its keywords only
+            return window_graphs.run(self, window[0], *window[1])
         if hidden is not None:  # draft
             return self.step([input_ids, hidden, position_ids, mask_full, mask_sliding], DRAFT)
         host = [input_ids, position_ids, mask_full, mask_sliding]

@@ -1,6 +1,7 @@
 """What a traced graph does with its state and weights, read off a torch.export of the module that the
-Neuron build traces: for each KV buffer, whether the graph reads it, replaces it, and computes the new
-value from the old one (the rule for device state); and the names of the other tensors it reads."""
+Neuron build traces: for each state buffer (KV, and the kept windows' pool), whether the graph reads it, replaces
+it, and computes the new value from the old one (the rule for device state); and the names of the other tensors it
+reads."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ class _Outputs(nn.Module):
 
     def forward(self, *args, **kwargs):
         head = self.m(*args, **kwargs)  # the logits, or (candidate values, ids), or (draft ids, next hidden)
-        return (*(head if isinstance(head, tuple) else (head,)), *(getattr(self.m, n) for n in self.m.kv_names))
+        return (*(head if isinstance(head, tuple) else (head,)), *(getattr(self.m, n) for n in state_of(self.m)))
+
+
+def state_of(module) -> list[str]:
+    """The module's device-state buffers: its KV buffers and, with kept windows, their pool (`pool_names`)."""
+    return list(module.kv_names) + list(getattr(module, "pool_names", ()))
 
 
 def trace_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]]:
@@ -37,7 +43,8 @@ def trace_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]]
 def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]], list]:
     """`trace_facts`, plus the shapes of the graph's outputs before the KV buffers (its heads) and, per element
     gather (`aten.gather`: what torch-xla lowers by `IsSparseGather`), the size of its gathered dim."""
-    saved = {n: getattr(module, n) for n in module.kv_names}
+    names = state_of(module)
+    saved = {n: getattr(module, n) for n in names}
     try:
         with torch.no_grad():
             ep = torch.export.export(_Outputs(module), args, kwargs or None, strict=False)
@@ -49,13 +56,13 @@ def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]
     outputs = list(next(n for n in ep.graph.nodes if n.op == "output").args[0])
     by_buffer = {b.removeprefix("m."): nodes[inp] for inp, b in sig.inputs_to_buffers.items()}
     uses = {}
-    for i, name in enumerate(module.kv_names):
-        ph, out = by_buffer.get(name), outputs[len(outputs) - len(module.kv_names) + i]
+    for i, name in enumerate(names):
+        ph, out = by_buffer.get(name), outputs[len(outputs) - len(names) + i]
         uses[name] = KvUse(read=ph is not None and any(u.op != "output" for u in ph.users),
                            written=out is not ph, from_old=ph is not None and ph in _ancestors(out))
     weights = [p.removeprefix("m.") for p in sig.inputs_to_parameters.values()]
-    weights += [b for b in by_buffer if b not in module.kv_names]
-    heads = [tuple(o.meta["val"].shape) for o in outputs[: len(outputs) - len(module.kv_names)]]
+    weights += [b for b in by_buffer if b not in names]
+    heads = [tuple(o.meta["val"].shape) for o in outputs[: len(outputs) - len(names)]]
     return uses, weights, heads, gathered_dims(ep.graph)
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from doubles import neuron_double_units as units
-from doubles.graph_facts import export_facts, trace_facts  # noqa: F401 (trace_facts: the tests check it is ours)
+from doubles.graph_facts import export_facts, state_of, trace_facts  # noqa: F401 (trace_facts: the tests check it is ours)
 from doubles.neuron_double_units import DoubleRejects, TopK, aliases_of, device_copies, route_key  # noqa: F401
 
 CALLS: list[tuple] = []
@@ -192,7 +192,7 @@ class FakeNxDModel:
         self.weights = per_rank
         CALLS.append(("set_weights", len(per_rank)))
         state = {k: v.clone() for k, v in per_rank[0].items()}
-        state.update({n: torch.zeros_like(getattr(self.module, n)) for n in self.module.kv_names})
+        state.update({n: torch.zeros_like(getattr(self.module, n)) for n in state_of(self.module)})
         missing, unexpected = self.module.load_state_dict(state, strict=False)
         aliases = aliases_of(self.module)
         uncovered = [k for k in missing if not aliases.get(k, set()) & set(state)]
