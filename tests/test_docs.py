@@ -64,6 +64,15 @@ COMMANDS = {
         "tests/serve/test_serve_media.py::test_every_model_takes_an_image_and_audio_and_counts_their_tokens",
         "tests/test_docs.py::test_readme_requests_are_valid_api_requests",
     ],
+    'curl -s localhost:8000/v1/chat/completions -H \'Content-Type: application/json\' -d \'{"model": "gemma-'
+    '4-e4b-tiny", "max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": [{"type": '
+    '"text", "text": "Transcribe:"}, {"type": "input_audio", "input_audio": {"format": "wav", "data": "Uk'
+    'lGRsQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YaAAAACAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI'
+    'CAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI'
+    'CAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgICA"}}]}]}\'': [
+        "tests/serve/test_serve_media.py::test_every_model_takes_an_image_and_audio_and_counts_their_tokens",
+        "tests/test_docs.py::test_readme_requests_are_valid_api_requests",
+    ],
 }
 
 
