@@ -14,9 +14,11 @@ tests/serve/openai/test_chat_template.py), in three versions:
 Values use Gemma's own syntax: bare keys in `dictsort` order (case-insensitive), strings between `<|"|>`,
 types upper-cased in declarations. Media items of a content list render as the published templates write them:
 `<|image|>` / `<|audio|>` / `<|video|>` in place, between the text items (07-09: types `image` / `image_url`,
-`audio` / `input_audio`, and after a tool response's block too; April: `image` / `audio`, none in tool responses;
-every version: none in the first system message, whose items render their text only). Our code, not a copy: the
-macros are organised differently.
+`audio` / `input_audio`, and after a tool response's block too; April: `image` / `audio`, none in tool responses,
+and a media item in a message's content ends its tool-call state: the turn closes and the generation prompt follows;
+every version: text items trimmed, thinking stripped from the model's; none in the first system message, whose
+items render their text only, each trimmed plus a space). Our code, not a copy: the macros are organised
+differently.
 """
 
 from __future__ import annotations
@@ -110,6 +112,9 @@ _TURNS = """
   {%- elif p.get('type') == 'video' -%}<|video|>
   {%- endif -%}
 {%- endmacro -%}
+{%- macro media_of(content) -%}
+  {%- if content is sequence and content is not string -%}{%- for p in content -%}{{ placeholder(p) }}{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
 {%- macro text_of(content, model) -%}
   {%- if content is string -%}{{ unthought(content) if model else content | trim }}
   {%- elif content is sequence -%}
@@ -174,12 +179,13 @@ _BODY = """
         {%- set body = r.get('content') -%}
         {%- set parts = body is sequence and body is not string and body is not mapping -%}
         {{- response(who.name, tool_text(body) if parts else body) -}}
-        {%- if parts and TOOL_MEDIA -%}{%- for p in body -%}{{ placeholder(p) }}{%- endfor -%}{%- endif -%}
+        {%- if parts and TOOL_MEDIA -%}{{ media_of(body) }}{%- endif -%}
         {%- set answered.any = true -%}{%- set st.last = 'response' -%}
       {%- endif -%}
     {%- endfor -%}
   {%- endif -%}
   {%- set said = text_of(m.get('content'), model) -%}{{ said }}
+  {%- if MEDIA_ENDS_TOOLS and media_of(m.get('content')) -%}{%- set st.last = 'media' -%}{%- endif -%}
   {%- set after = namespace(role=none) -%}
   {%- for r in chat[i + 1:] if r['role'] != 'tool' and after.role is none -%}{%- set after.role = r['role'] -%}{%- endfor -%}
   {%- if st.last == 'call' and not answered.any -%}<|tool_response>
@@ -201,10 +207,11 @@ VARIANTS = {
              "CONTINUES": "role == 'model' and after.role == 'assistant' and (not calls or answered.any)",
              "CLOSE_EXCEPT": "answered.any and not said | trim and after.role is none",
              "EMPTY_THOUGHT": "false", "OPEN_THOUGHT": "true", "IMAGE_TYPES": "['image', 'image_url']",
-             "AUDIO_TYPES": "['audio', 'input_audio']", "TOOL_MEDIA": "true"},
+             "AUDIO_TYPES": "['audio', 'input_audio']", "TOOL_MEDIA": "true", "MEDIA_ENDS_TOOLS": "false"},
     "april": {"NULL": "'None'", "REPLAY": "i > st.last_user and calls", "CONTINUES": "false",
               "CLOSE_EXCEPT": "answered.any and not said | trim", "EMPTY_THOUGHT": "true", "OPEN_THOUGHT": "false",
-              "IMAGE_TYPES": "['image']", "AUDIO_TYPES": "['audio']", "TOOL_MEDIA": "false"},
+              "IMAGE_TYPES": "['image']", "AUDIO_TYPES": "['audio']", "TOOL_MEDIA": "false",
+              "MEDIA_ENDS_TOOLS": "true"},
 }
 VARIANTS["0709-31b"] = {**VARIANTS["0709"], "EMPTY_THOUGHT": "true"}
 
@@ -214,7 +221,7 @@ def chat_template(variant: str = "0709") -> str:
     v = VARIANTS[variant]
     body = _TURNS + _BODY
     for name in ("REPLAY", "CONTINUES", "CLOSE_EXCEPT", "EMPTY_THOUGHT", "OPEN_THOUGHT", "IMAGE_TYPES", "AUDIO_TYPES",
-                 "TOOL_MEDIA"):
+                 "TOOL_MEDIA", "MEDIA_ENDS_TOOLS"):
         body = body.replace(name, v[name])
     source = "{%- set NULL = " + v["NULL"] + " -%}" + _VALUE + _PROPS + body
     return "".join(line.strip() for line in source.split("\n"))  # newlines in the output are all explicit

@@ -110,4 +110,44 @@ CASES = {
                                               {"role": "tool", "tool_call_id": "call_1", "content": [
                                                   {"type": "text", "text": "Sunny, radar:"}, IMAGE]}],
                                  "tools": [WEATHER]},
+    "media_text_whitespace": {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "  a  "}, IMAGE, {"type": "text", "text": "\n b\n"}, AUDIO,
+        {"type": "text", "text": "   "}, {"type": "text", "text": ""}]}]},
+    "video_and_unknown_part": {"messages": [{"role": "user", "content": [{"type": "video"}, {"type": "file"},
+                                                                      {"type": "text", "text": "q"}]}]},
+    "thinking_with_image": {"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": "What?"}]}],
+                            "enable_thinking": True},
+    "assistant_parts_with_media": {"messages": [
+        {"role": "user", "content": "Draw a cat."},
+        {"role": "assistant", "content": [{"type": "text", "text": " <|channel>thought\nhmm<channel|> Here: "}, IMAGE]},
+        {"role": "user", "content": [AUDIO, {"type": "text", "text": " And this? "}]}]},
+    "assistant_continues_with_media": {"messages": [USER, {"role": "assistant", "content": [IMAGE]}, {
+        "role": "assistant", "content": [{"type": "text", "text": "Two."}]}]},
+    "later_system_parts_with_media": {"messages": [USER, {"role": "system", "content": [
+        {"type": "text", "text": " Note "}, IMAGE]}, {"role": "user", "content": [AUDIO]}]},
+    "system_parts_media_only": {"messages": [{"role": "system", "content": [AUDIO, IMAGE]}, USER]},
+    "tool_responses_with_media": {"messages": [
+        USER, {"role": "assistant", "content": None, "tool_calls": [CALL, CALL2]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": " a "}, IMAGE,
+                                                               {"type": "text", "text": " b"}, {"type": "video"}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "image_url", "image_url": {"url": "u"}},
+                                                               {"type": "input_audio"}]}],
+        "tools": [WEATHER, TIME]},
+    "tool_response_media_thinking": {"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                                                  {"role": "tool", "tool_call_id": "call_1", "content": [AUDIO]}],
+                                     "tools": [WEATHER], "enable_thinking": True},
+    "tool_response_media_then_answer": {"messages": [
+        USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "radar:"}, IMAGE]},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": [IMAGE, {"type": "text", "text": "And?"}]}],
+        "tools": [WEATHER]},
+    # April: a media item in a message's content ends the tool-call state (the turn closes, the prompt is added)
+    "calls_with_media_content": {"messages": [USER, {"role": "assistant", "tool_calls": [CALL],
+                                                     "content": [{"type": "text", "text": "See:"}, IMAGE]}],
+                                 "tools": [WEATHER]},
+    "calls_with_media_content_answered": {"messages": [USER, {"role": "assistant", "tool_calls": [CALL],
+                                                              "content": [AUDIO]},
+                                                       {"role": "tool", "tool_call_id": "call_1", "content": "18C"}],
+                                          "tools": [WEATHER], "enable_thinking": True},
 }

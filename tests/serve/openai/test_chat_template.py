@@ -1,7 +1,8 @@
 """Our chat template (neuron_workers/testing/chat_template.py, the tiny checkpoints' template) renders exactly
 what the published Gemma-4 templates render, string by string, on a battery of conversations (plain, system,
 tools, tool loops, thinking on and off, content plus calls, reasoning replay, unresolved tool names, null
-arguments): the 07-09 E2B template, the 07-09 31B template (an empty thought channel when thinking is off) and
+arguments, content lists with image / audio / video items in user, system, assistant and tool messages): the 07-09
+E2B template, the 07-09 31B template (an empty thought channel when thinking is off) and
 the April template. The references were rendered by make_renderings.py from the published templates into
 data/gemma4_renderings.json (the templates themselves are not in the repository)."""
 
@@ -46,3 +47,25 @@ def test_the_versions_differ_where_the_issue_says(tok):
     assert ref["0709"]["plain"].endswith("<|turn>model\n")
     assert "n:None" in ref["april"]["null_arguments"] and "n:null" in ref["0709"]["null_arguments"]
     assert all(r["content_and_calls"].endswith("Let me check.<turn|>\n") for r in ref.values())
+
+
+def test_media_items_render_in_place_as_the_published_templates_write_them():
+    """Every version writes a media item's placeholder where it stands, text items trimmed with nothing between;
+    the first system message keeps only its items' text; only 07-09 writes media after a tool response's block;
+    only April ends a tool-call turn whose content holds media (closed, then the generation prompt)."""
+    for r in REFERENCE.values():
+        assert "<|turn>user\n<|image|>What is it?<turn|>" in r["image_then_text"]
+        assert "<|turn>user\nLook:<|image|><turn|>" in r["text_then_image"]
+        assert "<|turn>user\n<|image|>and<|image|>then<|audio|><turn|>" in r["two_images_and_audio"]
+        assert "<|turn>user\na<|image|>b<|audio|><turn|>" in r["media_text_whitespace"]
+        assert "<|turn>user\n<|audio|><turn|>" in r["audio_only"]
+        assert r["system_parts_with_image"].startswith("<bos><|turn>system\nBe brief.  <turn|>")
+        assert "<|turn>model\nHere:<|image|><turn|>" in r["assistant_parts_with_media"]
+        assert "<|turn>system\nNote<|image|><turn|>" in r["later_system_parts_with_media"]
+    e2b, april = REFERENCE["0709"], REFERENCE["april"]
+    assert "<|turn>user\n<|image|>hear<|audio|><|video|><turn|>" in e2b["openai_part_types"]
+    assert "<|turn>user\nhear<|video|><turn|>" in april["openai_part_types"]
+    assert e2b["tool_response_with_image"].endswith("{value:<|\"|>Sunny, radar:<|\"|>}<tool_response|><|image|>")
+    assert april["tool_response_with_image"].endswith("{value:<|\"|>Sunny, radar:<|\"|>}<tool_response|>")
+    assert e2b["calls_with_media_content"].endswith("<tool_call|>See:<|image|><|tool_response>")
+    assert april["calls_with_media_content"].endswith("<|image|><turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
