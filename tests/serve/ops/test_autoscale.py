@@ -69,7 +69,10 @@ def test_a_burst_adds_a_replica_and_scaling_down_cuts_nothing(serve_url):
             stop = asyncio.Event()
             watcher = asyncio.create_task(watch(stop))
             async with httpx.AsyncClient(timeout=120) as h:
-                burst = await asyncio.gather(*(stream(h, url, i) for i in range(8)))  # 4x one replica's slots
+                burst, deadline = [], time.monotonic() + 90
+                while 2 not in seen and time.monotonic() < deadline:  # bursts of 4x one replica's slots, until a
+                    # second replica runs (on a loaded box one burst can end before it has started)
+                    burst += await asyncio.gather(*(stream(h, url, i) for i in range(8)))
                 assert 2 in seen, seen
                 # the load falls to one replica's worth: two streams at a time until one replica is left
                 done, deadline, i = [], time.monotonic() + 90, 100
@@ -81,7 +84,7 @@ def test_a_burst_adds_a_replica_and_scaling_down_cuts_nothing(serve_url):
             return burst, done
 
         burst, after = asyncio.run(scenario())
-        assert burst == [TOKENS] * 8 and after and set(after) == {TOKENS}
+        assert burst and set(burst) == {TOKENS} and after and set(after) == {TOKENS}
         assert seen[-1] == 1 and 2 in seen, seen
         assert stopping_under_load  # a replica was stopped while streams were running: none was cut
         deadline = time.time() + 60
