@@ -1,7 +1,7 @@
 """Kept sliding windows on the xla twin (tier `-m xla`): the pool is module state and save / restore / clone are
 graphs of their own over it (`model/window_graphs.py`), so the three patterns real clients send (a shared system
 turn with a new question, a next turn whose answer re-renders differently, the same prompt again) reuse what they
-share past the rings, and every greedy token equals the cpu backend's in fp32, for the three tiny structures;
+share past the rings, and every greedy token equals the cpu backend's in fp32, for the E2B- and 12B-like structures;
 each window graph is one program (its indices are inputs, never constants)."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def tokens_and_reuse(eng) -> tuple[list, list]:
     return out, reused
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if "e4b" not in n])  # E4B: E2B's structure, wider
 def test_three_patterns_reuse_on_the_xla_twin_and_equal_the_cpu_backend(tiny_dirs, name):
     cpu, xla = engine(tiny_dirs[name], "cpu"), engine(tiny_dirs[name], "xla")
     want, cpu_reused = tokens_and_reuse(cpu)
