@@ -13,13 +13,14 @@
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
 import torch
 from torch import nn
 
-from neuron_workers.backends.neuron import force_sparse_gathers
+from neuron_workers.backends.neuron import DENSE_GATHER_VAR, force_sparse_gathers
 from neuron_workers.backends.neuron_build import check_traces
 from neuron_workers.errors import UserError
 from neuron_workers.model.graph_model import ID_DTYPE, draft_call, graph_model, make_buffers_persistent
@@ -374,15 +375,23 @@ def test_the_draft_state_fallback_rewrites_one_entry_and_keeps_every_buffer(tiny
 
 
 class Gathers(nn.Module):
-    """torch.gather over a [rows, 4] table (rows = the gathered dim), e.g. the ring write-back's flat view."""
+    """An element gather over a [rows, 4] table (rows = the gathered dim), e.g. the ring write-back's flat view:
+    `torch.gather` by default, or `how` (take_along_dim, take: over the flattened table, index_select)."""
 
     kv_names: list = []
 
-    def __init__(self, rows: int):
+    def __init__(self, rows: int, how: str = "gather"):
         super().__init__()
+        self.how = how
         self.register_buffer("table", torch.arange(rows * 4, dtype=torch.float32).reshape(rows, 4))
 
     def forward(self, idx):
+        if self.how == "take_along_dim":
+            return torch.take_along_dim(self.table, idx, 0)
+        if self.how == "take":
+            return torch.take(self.table, idx)
+        if self.how == "index_select":
+            return self.table.index_select(0, idx[:, 0])
         return torch.gather(self.table, 0, idx)
 
 
@@ -393,17 +402,81 @@ class NoGathers(nn.Module):
         return x * 2
 
 
-def test_a_gather_at_real_width_is_refused_unless_the_build_forced_sparse_gathers():
-    """18,432 rows (E2B's ring write-back at B = 32) is under 10 x 8,192: a Neuron device would lower it densely
-    unless XLA_DENSE_GATHER_FACTOR=0 was set first, as `neuron.force_sparse_gathers` (every build) sets it."""
-    idx = torch.zeros(3, 4, dtype=torch.int64)
+IDX = torch.zeros(3, 4, dtype=torch.int64)
+
+
+def trace(module, tag="g"):
+    return neuron_double.ModelBuilder(module).trace(args=(IDX,), tag=tag).trace_artifacts_collection[tag]
+
+
+def test_a_gather_at_real_width_is_refused_naming_the_tag_the_op_and_its_width():
+    """18,432 rows (E2B's ring write-back at B = 32) is under 10 x 8,192: with XLA_DENSE_GATHER_FACTOR unset a
+    Neuron device would lower the gather densely; the refusal names the graph, the op and the gathered dim."""
     with neuron_double.installed():
-        with pytest.raises(neuron_double.DoubleRejects, match=r"g: 1 torch.gather over dims of \[18432\] elements"):
-            neuron_double.ModelBuilder(Gathers(18_432)).trace(args=(idx,), tag="g")
-        neuron_double.ModelBuilder(NoGathers()).trace(args=(torch.ones(4),), tag="plain")  # no gather: fine
-        neuron_double.ModelBuilder(Gathers(100_000)).trace(args=(idx,), tag="wide")  # past 81,920: sparse anyway
+        assert "XLA_DENSE_GATHER_FACTOR" not in os.environ  # a fresh process's environment
+        with pytest.raises(neuron_double.DoubleRejects, match=r"^ring: 1 element gather\(s\) would lower densely on a "
+                           r"Neuron device \(aten.gather over 18,432 elements .* = 81,920\)"):
+            trace(Gathers(18_432), "ring")
+        with pytest.raises(neuron_double.DoubleRejects, match=r"aten.take_along_dim over 18,432 elements"):
+            trace(Gathers(18_432, "take_along_dim"))
+        with pytest.raises(neuron_double.DoubleRejects, match=r"aten.take over 73,728 elements"):  # 18,432 x 4
+            trace(Gathers(18_432, "take"))
+        with pytest.raises(neuron_double.DoubleRejects, match=r"aten.gather over 81,920 elements"):  # the bound
+            trace(Gathers(81_920))
+
+
+def test_what_torch_xla_lowers_sparsely_passes_with_the_factor_unset():
+    """IsSparseGather compares the input's gathered dim only: past 10 x 8,192 rows a gather is sparse, and so is a
+    take over more elements than that in all, whatever its index; index_select is a slice gather (never dense)."""
+    with neuron_double.installed():
+        assert trace(Gathers(81_921)).gathers == [("aten.gather", 81_921)]
+        assert trace(Gathers(20_481, "take")).gathers == [("aten.take", 81_924)]  # 4 x 20,481 flattened
+        assert trace(Gathers(18_432, "index_select")).gathers == []
+
+
+def test_a_toy_module_without_gathers_passes_with_the_factor_unset():
+    with neuron_double.installed():
+        art = neuron_double.ModelBuilder(NoGathers()).trace(args=(torch.ones(4),), tag="plain")
+        assert art.trace_artifacts_collection["plain"].gathers == []
+
+
+def test_a_gather_at_real_width_passes_once_the_build_forced_sparse_gathers(monkeypatch):
+    """`neuron.force_sparse_gathers` (every build calls it first) sets the factor to 0: every gather is sparse.
+    A factor set otherwise moves the bound (10 x it); each installation starts with the variable unset again."""
+    with neuron_double.installed():
         force_sparse_gathers()
-        neuron_double.ModelBuilder(Gathers(18_432)).trace(args=(idx,), tag="g")
-    with neuron_double.installed():  # each installation starts as a fresh process: the variable unset again
+        assert os.environ[DENSE_GATHER_VAR] == "0"
+        assert trace(Gathers(18_432)).gathers == [("aten.gather", 18_432)]
+        assert trace(Gathers(4, "take")).gathers == [("aten.take", 16)]
+    with neuron_double.installed():
+        assert DENSE_GATHER_VAR not in os.environ
         with pytest.raises(neuron_double.DoubleRejects, match="XLA_DENSE_GATHER_FACTOR=0"):
-            neuron_double.ModelBuilder(Gathers(18_432)).trace(args=(idx,), tag="g")
+            trace(Gathers(18_432))
+        monkeypatch.setenv(DENSE_GATHER_VAR, "1843")  # bound 18,430: 18,432 rows sparse, 18,430 dense
+        trace(Gathers(18_432))
+        with pytest.raises(neuron_double.DoubleRejects, match=r"aten.gather over 18,430 elements .* = 18,430\)"):
+            trace(Gathers(18_430))
+
+
+@pytest.mark.slow
+def test_the_tiny_build_traces_gathers_at_real_width_only_through_force_sparse_gathers(tiny_dirs, tmp_path,
+                                                                                          monkeypatch):
+    """The real build path (compile.build -> require_neuron -> force_sparse_gathers) traces E2B-tiny's prefill,
+    whose ring write-back gathers under 81,920 rows: it passes; the same build whose process never set the factor
+    is refused at its first trace, naming it."""
+    from compile.build import build
+    from neuron_workers.backends import neuron
+    from neuron_workers.config import EngineConfig
+
+    def config(name):
+        return EngineConfig(str(tiny_dirs["gemma4-e2b-tiny"]), "neuron", 1, 64, (16,), "bfloat16",
+                            artifacts=str(tmp_path / name), max_batch=1)
+
+    with neuron_double.installed():
+        build(config("a"), progress=lambda _: None, jobs=1)
+        prefill = neuron_double.SAVED[str(tmp_path / "a" / "nxd_model.pt")].traces["prefill_16"]
+        assert prefill.gathers and all(op == "aten.gather" and n <= 81_920 for op, n in prefill.gathers)
+    monkeypatch.setattr(neuron, "force_sparse_gathers", lambda: None)  # a build that skipped it
+    with neuron_double.installed():
+        with pytest.raises(neuron_double.DoubleRejects, match=r"^prefill_16: \d+ element gather\(s\)"):
+            build(config("b"), progress=lambda _: None, jobs=1)

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# the exported ops torch-xla lowers with `IsSparseGather` (data_ops.cpp), by the name a refusal gives
+ELEMENT_GATHERS = {torch.ops.aten.gather.default: "aten.gather", torch.ops.aten.take.default: "aten.take",
+                   torch.ops.aten.take_along_dim.default: "aten.take_along_dim"}
+
 
 @dataclass
 class KvUse:
@@ -42,7 +46,7 @@ def trace_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]]
 
 def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str], list[tuple[int, ...]], list]:
     """`trace_facts`, plus the shapes of the graph's outputs before the KV buffers (its heads) and, per element
-    gather (`aten.gather`: what torch-xla lowers by `IsSparseGather`), the size of its gathered dim."""
+    gather (`gathered_dims`: what torch-xla lowers by `IsSparseGather`), its op and the size of its gathered dim."""
     names = state_of(module)
     saved = {n: getattr(module, n) for n in names}
     try:
@@ -66,14 +70,29 @@ def export_facts(module, args, kwargs=None) -> tuple[dict[str, KvUse], list[str]
     return uses, weights, heads, gathered_dims(ep.graph)
 
 
-def gathered_dims(graph) -> list[int]:
-    """The gathered dim's size of every `torch.gather` in an exported graph (its input's size along `dim`)."""
+def gathered_dims(graph) -> list[tuple[str, int]]:
+    """(op, gathered dim's size) of every element gather in an exported graph, the ops torch-xla 2.9 lowers through
+    `IsSparseGather` (the size it compares is the input's along the gathered dim): `aten.gather` and
+    `aten.take_along_dim` (which torch-xla runs as a gather) along `dim`, `aten.take` and a `take_along_dim` without
+    a dim over the flattened input. `index.Tensor` / `index_select` lower to slice gathers and are never dense."""
     out = []
     for n in graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten.gather.default:
-            shape, dim = n.args[0].meta["val"].shape, n.args[1]
-            out.append(int(shape[dim]))
+        if n.op != "call_function" or n.target not in ELEMENT_GATHERS:
+            continue
+        shape = n.args[0].meta["val"].shape
+        dim = _gather_dim(n)
+        width = shape.numel() if dim is None or not len(shape) else shape[dim]
+        out.append((ELEMENT_GATHERS[n.target], int(width)))
     return out
+
+
+def _gather_dim(node):
+    """The dim an element gather node gathers along (None: the flattened input)."""
+    if node.target is torch.ops.aten.take.default:
+        return None
+    if node.target is torch.ops.aten.gather.default:
+        return node.args[1]
+    return node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
 
 
 def _ancestors(node) -> set:

@@ -24,9 +24,13 @@ as the NxD 0.18 source and torch-xla's documentation describe the real ones:
 - forward routes by the inputs' names (the traced forward's signature) and shapes, not dtypes, as
   NxDModel's router: unknown shapes are refused, an ambiguous route needs `model_name`; and it runs with the
   traced dtypes, after `set_weights` and `to_neuron`;
-- a torch.gather over at most 10 x XLA_DENSE_GATHER_FACTOR elements (81,920 by default) is refused at trace
-  unless the process set the factor to 0 first (`refuse_dense_gathers`: torch-xla lowers it densely on a Neuron
-  device); `installed()` starts with the variable unset, as a fresh process;
+- an element gather (`aten.gather`, `aten.take_along_dim` along its dim; `aten.take` over the flattened input)
+  whose gathered dim has at most 10 x XLA_DENSE_GATHER_FACTOR elements (81,920 by default) is refused at trace
+  unless the process set the factor to 0 first: torch-xla 2.9's `IsSparseGather` (data_ops.cpp) compares exactly
+  that size, on a NEURON or TPU device, and lowers the gather as a dense one-hot compare / select / reduce when it
+  is not larger (`refuse_dense_gathers`); "real width" is that size, not the index's nor the result's;
+  `index.Tensor` / `index_select` lower to slice gathers and pass; `installed()` starts with the variable
+  unset, as a fresh process;
 - a graph keeps the module switches it was traced under (`candidates`, `per_position`, `hidden`, `mixed`: which
   decode or extend variant), as a compiled graph does.
 
@@ -45,6 +49,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from neuron_workers.backends.neuron import DENSE_GATHER_VAR  # XLA_DENSE_GATHER_FACTOR, as the build sets it
 
 from doubles import neuron_double_units as units
 from doubles.graph_facts import export_facts, state_of, trace_facts  # noqa: F401 (trace_facts: the tests check it is ours)
@@ -86,6 +92,7 @@ class TraceArtifacts:
     module: object = None  # what the double runs in place of the NEFF
     hlo: object = None  # .SerializeToString(): the same bytes for the same trace
     tag: str = ""  # the trace's tag (the weight layout calls name it)
+    gathers: list = None  # (op, gathered dim's size) of each element gather the trace holds (`gathered_dims`)
 
 
 @dataclass
@@ -96,20 +103,24 @@ class FakeHlo:
         return self.text.encode()
 
 
-def refuse_dense_gathers(tag, gathered: list[int]) -> None:
-    """torch-xla 2.9 (`data_ops.cpp`, IsSparseGather) lowers a torch.gather whose gathered dim has at most
-    10 x XLA_DENSE_GATHER_FACTOR elements (default 8,192: 81,920) as a dense one-hot compare / select / reduce on a
-    NEURON device: at real width the ring write-back (18,432 rows on E2B) and the tiled top-K's ids. The factor is
-    read when the trace lowers its first gather, so a trace whose process has not set it to 0
-    (`neuron.force_sparse_gathers`, which builds call first) is refused here, naming the gathers."""
-    from compile.hlo import DEFAULT_DENSE_FACTOR
+def refuse_dense_gathers(tag, gathered: list[tuple[str, int]]) -> None:
+    """Refuses a trace with an element gather (`graph_facts.gathered_dims`: op, gathered dim's size) that torch-xla
+    2.9 would lower densely on a Neuron device. `IsSparseGather` (torch_xla/csrc/data_ops.cpp, v2.9.0), on a TPU or
+    NEURON device: sparse iff `input_shape.dimensions()[dim] > 10 * XLA_DENSE_GATHER_FACTOR` (default 8,192), the
+    index's shape not considered; else the gather is a one-hot compare / select / reduce over that dim. The factor
+    is read once per process (a function-local static) at the first gather; 0 makes every non-empty gather sparse.
+    At real width the ring write-back (18,432 rows on E2B) and the tiled top-K's ids are under 81,920: a trace
+    whose process has not set 0 (`neuron.force_sparse_gathers`, which builds call first) is refused here, naming
+    the tag, each op and its width. The threshold is compile.hlo's (`dense_on_neuron`)."""
+    from compile.hlo import DEFAULT_DENSE_FACTOR, dense_on_neuron
 
-    factor = int(os.environ.get("XLA_DENSE_GATHER_FACTOR", DEFAULT_DENSE_FACTOR))
-    dense = [n for n in gathered if n <= 10 * factor]
+    dense = [(op, n) for op, n in gathered if dense_on_neuron([n])]
     if dense:
-        raise DoubleRejects(f"{tag}: {len(dense)} torch.gather over dims of {sorted(set(dense))[:4]} elements would "
-                            f"lower densely on a Neuron device (<= 10 x XLA_DENSE_GATHER_FACTOR = {10 * factor:,}); "
-                            "a build sets XLA_DENSE_GATHER_FACTOR=0 first (neuron.force_sparse_gathers)")
+        factor = int(os.environ.get(DENSE_GATHER_VAR, DEFAULT_DENSE_FACTOR))
+        named = ", ".join(f"{op} over {n:,}" for op, n in sorted(set(dense), key=lambda g: (-g[1], g[0]))[:4])
+        raise DoubleRejects(f"{tag}: {len(dense)} element gather(s) would lower densely on a Neuron device ({named} "
+                            f"elements of the gathered dim <= 10 x {DENSE_GATHER_VAR} = {10 * factor:,}); "
+                            f"a build sets {DENSE_GATHER_VAR}=0 first (neuron.force_sparse_gathers)")
 
 
 class ModelBuilder:
@@ -136,7 +147,7 @@ class ModelBuilder:
         hlo = FakeHlo(repr((names, inputs, weights, sorted(uses), switches, heads)))
         self.trace_artifacts_collection[tag] = TraceArtifacts(
             {w.replace(".", "->"): i for i, w in enumerate(weights)}, types.SimpleNamespace(input_tensors=state),
-            inputs, names, switches, heads, self.model, hlo, tag)
+            inputs, names, switches, heads, self.model, hlo, tag, gathered)
         CALLS.append(("trace", tag, inputs, {n: u.written for n, u in uses.items()}))
         return self
 
@@ -304,13 +315,13 @@ def installed():
             "torch_neuronx.xla_impl.ops": ops}
     saved = {k: sys.modules.get(k) for k in mods}
     sys.modules.update(mods)
-    dense_factor = os.environ.pop("XLA_DENSE_GATHER_FACTOR", None)  # a fresh process's: unset until a build sets it
+    dense_factor = os.environ.pop(DENSE_GATHER_VAR, None)  # a fresh process's: unset until a build sets it
     try:
         yield CALLS
     finally:
-        os.environ.pop("XLA_DENSE_GATHER_FACTOR", None)
+        os.environ.pop(DENSE_GATHER_VAR, None)
         if dense_factor is not None:
-            os.environ["XLA_DENSE_GATHER_FACTOR"] = dense_factor
+            os.environ[DENSE_GATHER_VAR] = dense_factor
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
