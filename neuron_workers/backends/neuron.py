@@ -160,7 +160,7 @@ class NeuronSpecs(GraphBackend):
         return specs + ([self.spec(DRAFT)] if self.hidden_states else [])
 
 
-class NeuronBackend(NeuronSpecs):
+class NeuronBackend(window_graphs.WindowCopies, NeuronSpecs):
     """Runs compiled artifacts: one NxDModel holding every graph, KV state on the device."""
 
     def __init__(self, art_dir: str | Path, dims, manifest, kv_heads=None):
@@ -212,15 +212,6 @@ class NeuronBackend(NeuronSpecs):
             raise UserError(f"prefix_windows {entries}: these artifacts keep {self.windows} sliding windows (rebuild "
                             f"with `compile build --prefix-windows {entries}`, or serve {self.windows})",
                             param="prefix_windows")
-
-    def save_window(self, slot: int, entry: int, start: int) -> None:
-        self._window(window_graphs.SAVE, slot, entry, start)
-
-    def restore_window(self, slot: int, entry: int, start: int) -> None:
-        self._window(window_graphs.RESTORE, slot, entry, start)
-
-    def clone_slot(self, src: int, dst: int, n: int) -> None:
-        self._window(window_graphs.CLONE, src, dst)  # the whole slot (`window_graphs`: a superset of n positions)
 
     def _window(self, phase: str, *ints: int) -> None:
         self.model.forward(model_name=phase, **window_graphs.inputs(phase, *ints))

@@ -43,7 +43,7 @@ def require_xla():
     return torch_xla, met
 
 
-class XlaBackend(GraphBackend):
+class XlaBackend(window_graphs.WindowCopies, GraphBackend):
     """`graph_model` on one XLA device, tp=1."""
 
     id_dtype = ID_DTYPE  # the Neuron graphs' input dtype (int32): the same graphs, the same inputs
@@ -90,15 +90,6 @@ class XlaBackend(GraphBackend):
     def make_window_pool(self, entries: int) -> None:
         window_graphs.make_pool(self.module, entries)
         self._xla.sync()
-
-    def save_window(self, slot: int, entry: int, start: int) -> None:
-        self._window(window_graphs.SAVE, slot, entry, start)
-
-    def restore_window(self, slot: int, entry: int, start: int) -> None:
-        self._window(window_graphs.RESTORE, slot, entry, start)
-
-    def clone_slot(self, src: int, dst: int, n: int) -> None:
-        self._window(window_graphs.CLONE, src, dst)  # the whole slot (`window_graphs`: a superset of n positions)
 
     @torch.no_grad()
     def _window(self, phase: str, *ints: int) -> None:

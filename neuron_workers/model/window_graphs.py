@@ -104,3 +104,17 @@ def run(module, phase: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | 
     else:
         raise ValueError(f"no window graph {phase!r}")
     return a + 0
+
+
+class WindowCopies:
+    """A backend's `save_window` / `restore_window` / `clone_slot` as the window graphs (the xla and neuron
+    backends); the backend's `_window(phase, *indices)` runs one."""
+
+    def save_window(self, slot: int, entry: int, start: int) -> None:
+        self._window(SAVE, slot, entry, start)
+
+    def restore_window(self, slot: int, entry: int, start: int) -> None:
+        self._window(RESTORE, slot, entry, start)
+
+    def clone_slot(self, src: int, dst: int, n: int) -> None:
+        self._window(CLONE, src, dst)  # the whole slot: a superset of its first n positions (see above)
